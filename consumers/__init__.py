@@ -1,0 +1,1 @@
+"""Stream processors over the bus and the reward plug-in API."""

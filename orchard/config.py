@@ -1,0 +1,154 @@
+"""Typed configuration: pydantic models loadable from YAML and ``ORCHARD_*`` environment variables.
+
+Backends are chosen by a ``type``-tagged union, so a bad value fails at start with the field named.
+Secrets (S3 keys) are ``SecretStr`` and are meant to come from the environment, never from files in git.
+Nested fields are set from the environment with ``__``: ``ORCHARD_BUS__TYPE=kafka``,
+``ORCHARD_BUS__BOOTSTRAP_SERVERS=host:9092``, ``ORCHARD_STORE__SECRET_KEY=...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from orchard.exceptions import ConfigError
+
+DEFAULT_HOME = Path(".orchard")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbeddedBusConfig(_Strict):
+    """The default bus: a durable single-machine log in a directory, shared by the processes on one machine."""
+
+    type: Literal["embedded"] = "embedded"
+    path: Path = Field(DEFAULT_HOME / "bus", description="Directory holding topics, consumer groups and journals.")
+    fsync: Literal["always", "never"] = Field(
+        "never",
+        description="'always' fsyncs every append before acknowledging it (survives power loss); "
+        "'never' leaves flushing to the OS (survives a killed process, not a lost machine).",
+    )
+    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="Roll to a new segment past this size.")
+    default_partitions: int = Field(4, ge=1, le=1024, description="Partitions of topics created implicitly.")
+    retention_ms: int | None = Field(None, ge=1, description="Delete whole segments older than this (None: keep).")
+    session_timeout_ms: int = Field(10_000, ge=100, description="A group member silent this long loses its share.")
+    max_record_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest record (key + value) accepted.")
+
+
+class KafkaBusConfig(_Strict):
+    """Apache Kafka through confluent-kafka: idempotent producer, acks=all, transactions."""
+
+    type: Literal["kafka"] = "kafka"
+    bootstrap_servers: str = Field(..., min_length=1, description="Comma-separated host:port list.")
+    connect_timeout_s: float = Field(15.0, gt=0, description="Fail at start if no broker answers within this.")
+    max_record_bytes: int = Field(
+        1_000_000, ge=1024, description="Largest record (key + value) sent; keep below the broker's message.max.bytes."
+    )
+    default_partitions: int = Field(4, ge=1, le=10_000, description="Partitions of topics Orchard creates.")
+    replication_factor: int = Field(1, ge=1, description="Replication of topics Orchard creates (3 in production).")
+    client_options: dict[str, str] = Field(
+        default_factory=dict, description="Extra librdkafka options, e.g. security settings."
+    )
+
+
+BusConfig = Annotated[EmbeddedBusConfig | KafkaBusConfig, Field(discriminator="type")]
+
+
+class LocalStoreConfig(_Strict):
+    """The default store: a local directory."""
+
+    type: Literal["local"] = "local"
+    path: Path = Field(DEFAULT_HOME / "store", description="Root directory of artifacts.")
+
+
+class S3StoreConfig(_Strict):
+    """Any S3-compatible server (MinIO, SeaweedFS, AWS) through the minio client and the plain S3 API."""
+
+    type: Literal["s3"] = "s3"
+    endpoint: str = Field(..., min_length=1, description="host:port of the S3 API, without scheme.")
+    bucket: str = Field("orchard", min_length=3, max_length=63, description="Bucket holding all artifacts.")
+    access_key: SecretStr = Field(SecretStr(""), description="Access key id (from the environment).")
+    secret_key: SecretStr = Field(SecretStr(""), description="Secret key (from the environment).")
+    secure: bool = Field(False, description="Use HTTPS.")
+    region: str | None = Field(None, description="Region name, when the server needs one.")
+    part_size: int = Field(16 * 1024 * 1024, ge=5 * 1024 * 1024, description="Multipart upload part size.")
+    timeout_s: float = Field(10.0, gt=0, description="Connect/read timeout of one HTTP request.")
+    retries: int = Field(2, ge=0, le=10, description="Retries of a failed HTTP request before giving up.")
+
+
+StoreConfig = Annotated[LocalStoreConfig | S3StoreConfig, Field(discriminator="type")]
+
+
+class OrchardConfig(BaseSettings):
+    """Everything a process needs to reach the bus and the store; the root of every component's config."""
+
+    model_config = SettingsConfigDict(env_prefix="ORCHARD_", env_nested_delimiter="__", extra="forbid")
+
+    run_id: str = Field("default", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Identity of the run.")
+    bus: BusConfig = Field(default_factory=EmbeddedBusConfig)
+    store: StoreConfig = Field(default_factory=LocalStoreConfig)
+    log_format: Literal["auto", "console", "json"] = "auto"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment overrides the file's values (sources are deep-merged, first wins)."""
+        return (env_settings, init_settings)
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """Render pydantic errors as one line per field: ``bus.bootstrap_servers: Field required``."""
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"]) or "(root)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> OrchardConfig:
+    """Load the config: YAML file, overlaid by ``ORCHARD_*`` environment variables, overlaid by keyword overrides.
+
+    Raises ``ConfigError`` naming every bad field; nothing starts with an invalid config.
+    """
+    data: dict[str, Any] = {}
+    source = "environment"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"configuration {path} must be a mapping at the top level")
+        data = loaded
+    try:
+        config = OrchardConfig(**data)
+        if overrides:
+            # model_validate skips the environment, so explicit overrides win over it.
+            config = OrchardConfig.model_validate(_deep_merge(config.model_dump(), overrides))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source)) from exc
+    return config
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

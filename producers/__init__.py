@@ -1,0 +1,1 @@
+"""What runs beside episodes and publishes records: model calls, outcomes, sandbox events."""
