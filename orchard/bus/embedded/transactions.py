@@ -1,0 +1,159 @@
+"""Atomic consume-transform-produce for the embedded bus.
+
+A transaction commits by writing a journal (its records, the partitions' end offsets at that moment and the
+consumer group's new offsets) while holding the locks of every partition it touches and of the group. The
+journal's appearance is the commit point: the records and offsets are then applied, and the journal removed.
+If the process dies in between, whoever opens the bus next (or the next producer with the same
+transactional id) settles the journal: records carry the transaction's tag, so exactly the missing ones are
+appended, and offsets only ever move forward.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import struct
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard.bus.base import TopicPartition
+from orchard.bus.embedded.groups import GroupOffsets
+from orchard.bus.embedded.locks import file_lock, write_atomic
+from orchard.bus.embedded.log import PartitionLog, PendingRecord
+
+MAGIC = b"OTX1"
+LENGTH = struct.Struct("<I")
+
+
+@dataclass
+class Journal:
+    """What a transaction commits: records per partition and the group's new offsets."""
+
+    tag: int
+    group: str | None
+    offsets: dict[TopicPartition, int]
+    records: dict[TopicPartition, list[PendingRecord]]
+    starts: dict[TopicPartition, int]
+
+    def encode(self) -> bytes:
+        """Serialise as ``MAGIC | header length | JSON header | keys and values``."""
+        rows, payload = [], []
+        for tp, records in sorted(self.records.items()):
+            for record in records:
+                key_len = -1 if record.key is None else len(record.key)
+                rows.append([tp.topic, tp.partition, key_len, len(record.value), record.timestamp_ms])
+                payload.append((record.key or b"") + record.value)
+        header = {
+            "tag": self.tag,
+            "group": self.group,
+            "offsets": [[tp.topic, tp.partition, off] for tp, off in sorted(self.offsets.items())],
+            "starts": [[tp.topic, tp.partition, off] for tp, off in sorted(self.starts.items())],
+            "records": rows,
+        }
+        head = json.dumps(header).encode()
+        return MAGIC + LENGTH.pack(len(head)) + head + b"".join(payload)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Journal:
+        """Inverse of ``encode``."""
+        if data[:4] != MAGIC:
+            raise ValueError("not a transaction journal")
+        (head_len,) = LENGTH.unpack_from(data, 4)
+        header = json.loads(data[8 : 8 + head_len])
+        position = 8 + head_len
+        tag = int(header["tag"])
+        records: dict[TopicPartition, list[PendingRecord]] = {}
+        for topic, partition, key_len, value_len, ts in header["records"]:
+            key = None if key_len < 0 else data[position : position + key_len]
+            position += max(key_len, 0)
+            value = data[position : position + value_len]
+            position += value_len
+            records.setdefault(TopicPartition(topic, partition), []).append(PendingRecord(key, value, ts, tag))
+        return cls(
+            tag=tag,
+            group=header["group"],
+            offsets={TopicPartition(t, p): o for t, p, o in header["offsets"]},
+            records=records,
+            starts={TopicPartition(t, p): o for t, p, o in header["starts"]},
+        )
+
+
+def new_tag() -> int:
+    """A random non-zero 63-bit transaction tag."""
+    return secrets.randbits(63) | 1
+
+
+class TransactionCoordinator:
+    """Commits and settles transactions over the partition logs and group offsets of one embedded bus."""
+
+    def __init__(
+        self,
+        directory: Path,
+        log_for: Callable[[TopicPartition], PartitionLog],
+        offsets_for: Callable[[str], GroupOffsets],
+        *,
+        fsync: bool,
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._log_for = log_for
+        self._offsets_for = offsets_for
+        self._fsync = fsync
+
+    def journal_path(self, transactional_id: str) -> Path:
+        """Where the journal of ``transactional_id`` lives while it is being applied."""
+        return self.directory / f"{transactional_id}.journal"
+
+    def commit(
+        self,
+        transactional_id: str,
+        records: dict[TopicPartition, list[PendingRecord]],
+        group: str | None,
+        offsets: dict[TopicPartition, int],
+    ) -> None:
+        """Make ``records`` and ``offsets`` visible together."""
+        tag = new_tag()
+        tagged = {tp: [PendingRecord(r.key, r.value, r.timestamp_ms, tag) for r in rs] for tp, rs in records.items()}
+        with self._locked(tagged, group):
+            starts = {tp: self._log_for(tp).end_offset() for tp in tagged}
+            journal = Journal(tag, group, offsets, tagged, starts)
+            path = self.journal_path(transactional_id)
+            write_atomic(path, journal.encode(), fsync=self._fsync)
+            self._apply(journal, settling=False)
+            path.unlink()
+
+    def settle(self, path: Path) -> bool:
+        """Finish the journal at ``path`` left by a dead process; return whether there was one to finish."""
+        try:
+            journal = Journal.decode(path.read_bytes())
+        except FileNotFoundError:
+            return False
+        with self._locked(journal.records, journal.group):
+            if not path.exists():  # its owner was alive and finished it while we waited for the locks
+                return False
+            self._apply(journal, settling=True)
+            path.unlink()
+        return True
+
+    def settle_all(self) -> int:
+        """Settle every pending journal; return how many were settled."""
+        return sum(self.settle(path) for path in sorted(self.directory.glob("*.journal")))
+
+    def _locked(self, records: dict[TopicPartition, list[PendingRecord]], group: str | None) -> ExitStack:
+        stack = ExitStack()
+        for tp in sorted(records):  # one global order, so two transactions never deadlock
+            stack.enter_context(file_lock(self._log_for(tp).directory / "lock"))
+        if group is not None:
+            stack.enter_context(file_lock(self._offsets_for(group).lock_path))
+        return stack
+
+    def _apply(self, journal: Journal, *, settling: bool) -> None:
+        for tp, records in journal.records.items():
+            log = self._log_for(tp)
+            present = log.records_with_tag(journal.starts[tp], journal.tag) if settling else 0
+            if present < len(records):
+                log.append_locked(records[present:])
+        if journal.group is not None and journal.offsets:
+            self._offsets_for(journal.group).commit_locked(journal.offsets, only_forward=settling)

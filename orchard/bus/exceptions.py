@@ -1,0 +1,35 @@
+"""Errors raised by ``orchard.bus``; backend errors are wrapped with ``from exc``."""
+
+from orchard.exceptions import OrchardError
+
+
+class BusError(OrchardError):
+    """Base class of bus errors."""
+
+
+class BusUnavailableError(BusError):
+    """No broker answered in time, or the embedded log directory cannot be used."""
+
+
+class TopicNotFoundError(BusError):
+    """The topic does not exist (topics are never created implicitly)."""
+
+
+class TopicExistsError(BusError):
+    """A topic of that name already exists."""
+
+
+class RecordTooLargeError(BusError):
+    """A record is larger than the bus accepts; raised before anything is sent."""
+
+
+class DeliveryError(BusError):
+    """One or more produced records were not acknowledged."""
+
+
+class TransactionError(BusError):
+    """A transaction could not be committed; nothing of it is visible."""
+
+
+class ConsumerClosedError(BusError):
+    """The consumer was used after ``close()``."""

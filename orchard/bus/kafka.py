@@ -1,0 +1,450 @@
+"""``KafkaBus``: the bus interface on Apache Kafka through confluent-kafka (librdkafka).
+
+Producers are idempotent with ``acks=all``; keys are partitioned with murmur2 like the embedded bus (and
+Kafka's Java client), so a key lands on the same partition number on either backend. Group consumers read
+``read_committed``, never auto-commit, and commit only what ``poll`` has returned. Transactions follow the
+exactly-once loop of confluent-kafka's ``eos_transactions`` example: offsets are sent into the transaction,
+and a new producer with the same transactional id fences and aborts its dead predecessor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    KafkaError,
+    KafkaException,
+    Message,
+)
+from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition as RawTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from orchard.bus.base import (
+    Bus,
+    Consumer,
+    Delivery,
+    DeliveryCallback,
+    Producer,
+    Record,
+    StartPosition,
+    TopicInfo,
+    TopicPartition,
+    TransactionalProducer,
+)
+from orchard.bus.exceptions import (
+    BusError,
+    BusUnavailableError,
+    ConsumerClosedError,
+    DeliveryError,
+    TopicExistsError,
+    TopicNotFoundError,
+    TransactionError,
+)
+from orchard.config import KafkaBusConfig
+from orchard.logging import get_logger
+
+log = get_logger("bus.kafka")
+# librdkafka's own log lines (connection refused, retries) go to stdlib logging, not straight to stderr.
+librdkafka_logger = logging.getLogger("orchard.bus.librdkafka")
+METADATA_TIMEOUT_S = 10.0
+REQUEST_OVERHEAD_BYTES = 64 * 1024
+
+
+class KafkaBus(Bus):
+    """The bus on a Kafka cluster; fails at construction when no broker answers within the connect timeout."""
+
+    def __init__(self, config: KafkaBusConfig) -> None:
+        self.config = config
+        self.common: dict[str, Any] = {
+            "bootstrap.servers": config.bootstrap_servers,
+            "logger": librdkafka_logger,
+            **config.client_options,
+        }
+        self.admin = AdminClient(self.common)
+        self._watermarks: RawConsumer | None = None
+        try:
+            metadata = self.admin.list_topics(timeout=config.connect_timeout_s)
+        except KafkaException as exc:
+            raise BusUnavailableError(
+                f"no Kafka broker answered at {config.bootstrap_servers} within {config.connect_timeout_s:g}s "
+                f"({exc.args[0].str() if exc.args else exc})"
+            ) from exc
+        log.info("connected", bootstrap=config.bootstrap_servers, brokers=len(metadata.brokers))
+
+    # ---------------------------------------------------------------- topics
+    def create_topic(
+        self, name: str, partitions: int | None = None, config: dict[str, str] | None = None, *, exist_ok: bool = False
+    ) -> None:
+        """Create a topic and wait until every partition has a leader."""
+        count = partitions or self.config.default_partitions
+        new = NewTopic(
+            name, num_partitions=count, replication_factor=self.config.replication_factor, config=config or {}
+        )
+        future = self.admin.create_topics([new], operation_timeout=METADATA_TIMEOUT_S)[name]
+        try:
+            future.result()
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                if exist_ok:
+                    return
+                raise TopicExistsError(f"topic {name!r} already exists") from exc
+            raise BusError(f"cannot create topic {name!r}: {error.str()}") from exc
+        self._wait_for_leaders(name, count)
+        log.info("topic created", topic=name, partitions=count)
+
+    def _wait_for_leaders(self, name: str, count: int) -> None:
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while time.monotonic() < deadline:
+            topic = self.admin.list_topics(topic=name, timeout=METADATA_TIMEOUT_S).topics.get(name)
+            if topic is not None and topic.error is None and len(topic.partitions) == count:
+                if all(p.leader >= 0 for p in topic.partitions.values()):
+                    return
+            time.sleep(0.05)
+        raise BusError(f"topic {name!r} was created but its partitions got no leader within {METADATA_TIMEOUT_S}s")
+
+    def list_topics(self) -> list[str]:
+        """User topics (Kafka's internal ``__`` topics left out), sorted."""
+        topics = self.admin.list_topics(timeout=METADATA_TIMEOUT_S).topics
+        return sorted(name for name in topics if not name.startswith("__"))
+
+    def partitions(self, name: str) -> int:
+        """Number of partitions of ``name``; ``TopicNotFoundError`` if absent."""
+        topic = self.admin.list_topics(topic=name, timeout=METADATA_TIMEOUT_S).topics.get(name)
+        if topic is None or topic.error is not None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)")
+        return len(topic.partitions)
+
+    def describe_topic(self, name: str) -> TopicInfo:
+        """Partitions with their low and high watermarks."""
+        count = self.partitions(name)
+        if self._watermarks is None:
+            self._watermarks = RawConsumer({**self.common, "group.id": "orchard-watermarks"})
+        starts, ends = {}, {}
+        for p in range(count):
+            low, high = self._watermarks.get_watermark_offsets(
+                RawTopicPartition(name, p), timeout=METADATA_TIMEOUT_S, cached=False
+            )
+            starts[p], ends[p] = low, high
+        return TopicInfo(name=name, partitions=count, start_offsets=starts, end_offsets=ends)
+
+    # ---------------------------------------------------------------- clients
+    def _producer_conf(self) -> dict[str, Any]:
+        return {
+            **self.common,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",
+            "message.max.bytes": self.config.max_record_bytes + REQUEST_OVERHEAD_BYTES,
+            **self.config.client_options,
+        }
+
+    def producer(self) -> KafkaProducer:
+        """An idempotent producer (acks=all)."""
+        return KafkaProducer(self, RawProducer(self._producer_conf()))
+
+    def transactional_producer(self, transactional_id: str) -> KafkaTransactionalProducer:
+        """A transactional producer; ``init_transactions`` fences any predecessor with this id."""
+        raw = RawProducer({**self._producer_conf(), "transactional.id": transactional_id})
+        try:
+            raw.init_transactions(self.config.connect_timeout_s * 2)
+        except KafkaException as exc:
+            raise TransactionError(f"cannot initialise transactions for {transactional_id!r}: {exc}") from exc
+        return KafkaTransactionalProducer(self, raw)
+
+    def consumer(
+        self,
+        topics: Sequence[str],
+        group: str | None = None,
+        *,
+        start: StartPosition = "earliest",
+        instance_id: str | None = None,
+    ) -> KafkaConsumer:
+        """A consumer; see ``Bus.consumer``."""
+        for topic in topics:
+            self.partitions(topic)
+        return KafkaConsumer(self, list(topics), group, start=start, instance_id=instance_id)
+
+    def close(self) -> None:
+        """Close the watermark reader."""
+        if self._watermarks is not None:
+            self._watermarks.close()
+            self._watermarks = None
+
+
+class KafkaProducer(Producer):
+    """confluent-kafka producer with size checks before sending and delivery errors raised by ``flush``."""
+
+    def __init__(self, bus: KafkaBus, raw: RawProducer) -> None:
+        super().__init__(bus.config.max_record_bytes)
+        self.bus = bus
+        self.raw = raw
+        self._failures: list[str] = []
+        self._partitions: dict[str, int] = {}
+
+    def _check_topic(self, topic: str, partition: int | None) -> None:
+        if topic not in self._partitions:
+            self._partitions[topic] = self.bus.partitions(topic)
+        count = self._partitions[topic]
+        if partition is not None and not 0 <= partition < count:
+            raise BusError(f"topic {topic!r} has {count} partitions, no partition {partition}")
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        *,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        """Queue a record with librdkafka, waiting for queue space when it is full."""
+        self.check_size(topic, key, value)
+        self._check_topic(topic, partition)
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self._failures.append(f"{topic}: {err.str()}")
+            if on_delivery is not None:
+                offset = msg.offset() if err is None else -1
+                on_delivery(Delivery(topic, msg.partition(), offset, None if err is None else err.str()))
+
+        kwargs: dict[str, Any] = {"key": key, "on_delivery": delivered}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
+        while True:
+            try:
+                self.raw.produce(topic, value, **kwargs)
+                break
+            except BufferError:  # local queue full: let librdkafka send, then retry
+                self.raw.poll(0.05)
+            except KafkaException as exc:
+                raise DeliveryError(f"cannot produce to {topic!r}: {exc}") from exc
+        self.raw.poll(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait for acknowledgements; raise ``DeliveryError`` for anything not acknowledged."""
+        remaining = self.raw.flush(timeout_s)
+        failures, self._failures = self._failures, []
+        if remaining:
+            failures.append(f"{remaining} records still unacknowledged after {timeout_s:g}s")
+        if failures:
+            raise DeliveryError("records were not delivered: " + "; ".join(failures[:10]))
+
+    def close(self) -> None:
+        """Flush outstanding records."""
+        self.flush()
+
+
+class KafkaTransactionalProducer(TransactionalProducer, KafkaProducer):
+    """Transactions on Kafka; a commit that cannot complete aborts and raises ``TransactionError``."""
+
+    def __init__(self, bus: KafkaBus, raw: RawProducer) -> None:
+        KafkaProducer.__init__(self, bus, raw)
+        self._open = False
+
+    def begin(self) -> None:
+        """Begin a Kafka transaction."""
+        self.raw.begin_transaction()
+        self._open = True
+
+    def commit(self, consumer: Consumer | None = None) -> None:
+        """Send the consumer's positions into the transaction and commit it."""
+        try:
+            if consumer is not None:
+                if not isinstance(consumer, KafkaConsumer) or consumer.raw is None:
+                    raise TransactionError("the consumer must be an open Kafka consumer")
+                positions = [RawTopicPartition(tp.topic, tp.partition, off) for tp, off in consumer.position().items()]
+                if positions:
+                    self.raw.send_offsets_to_transaction(
+                        positions, consumer.raw.consumer_group_metadata(), self.bus.config.connect_timeout_s
+                    )
+            self._commit_with_retries()
+        except KafkaException as exc:
+            self._abort_quietly()
+            raise TransactionError(f"transaction aborted: {exc}") from exc
+        finally:
+            self._failures = []
+        self._open = False
+
+    def _commit_with_retries(self) -> None:
+        for _ in range(5):
+            try:
+                self.raw.commit_transaction(self.bus.config.connect_timeout_s * 2)
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+                time.sleep(0.2)
+        self.raw.commit_transaction(self.bus.config.connect_timeout_s * 2)
+
+    def _abort_quietly(self) -> None:
+        try:
+            self.raw.abort_transaction(self.bus.config.connect_timeout_s)
+        except KafkaException as exc:
+            log.warning("abort after failed commit also failed", error=str(exc))
+        self._open = False
+
+    def abort(self) -> None:
+        """Abort the open transaction."""
+        if self._open:
+            self.raw.abort_transaction(self.bus.config.connect_timeout_s)
+            self._open = False
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Records of a transaction are flushed by ``commit``; outside one this flushes as usual."""
+        if not self._open:
+            KafkaProducer.flush(self, timeout_s)
+
+    def close(self) -> None:
+        """Abort an open transaction."""
+        self.abort()
+
+
+class KafkaConsumer(Consumer):
+    """A group member (subscribe) or, without a group, a reader of every partition (assign)."""
+
+    def __init__(
+        self, bus: KafkaBus, topics: list[str], group: str | None, *, start: StartPosition, instance_id: str | None
+    ) -> None:
+        self.bus = bus
+        self.group = group
+        self._pending_seeks: dict[TopicPartition, int] = {}
+        conf: dict[str, Any] = {
+            **bus.common,
+            "group.id": group or f"orchard-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": start,
+            "isolation.level": "read_committed",
+            "session.timeout.ms": 10_000,
+            **bus.config.client_options,
+        }
+        if instance_id is not None:
+            conf["group.instance.id"] = instance_id
+        self.raw: RawConsumer | None = RawConsumer(conf)
+        self._manual: dict[TopicPartition, int] = {}
+        if group is None:
+            initial = OFFSET_BEGINNING if start == "earliest" else OFFSET_END
+            self._manual = {TopicPartition(t, p): initial for t in topics for p in range(bus.partitions(t))}
+            self._assign_manual()
+        else:
+            self.raw.subscribe(topics, on_assign=self._on_assign)
+
+    def _consumer(self) -> RawConsumer:
+        if self.raw is None:
+            raise ConsumerClosedError("consumer is closed")
+        return self.raw
+
+    def _assign_manual(self) -> None:
+        self._consumer().assign([RawTopicPartition(tp.topic, tp.partition, off) for tp, off in self._manual.items()])
+
+    def _on_assign(self, raw: RawConsumer, partitions: list[RawTopicPartition]) -> None:
+        for part in partitions:
+            target = self._pending_seeks.pop(TopicPartition(part.topic, part.partition), None)
+            if target is not None:
+                part.offset = target
+        raw.assign(partitions)
+
+    def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Wait up to ``timeout_s`` for a first record, then take whatever else is already fetched."""
+        raw = self._consumer()
+        first = raw.poll(timeout_s)
+        if first is None:
+            return []
+        messages = [first]
+        if max_records > 1:
+            messages.extend(raw.consume(num_messages=max_records - 1, timeout=0))
+        out = []
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                if error.fatal():
+                    raise BusError(f"fatal consumer error: {error.str()}")
+                log.warning("consumer error", error=error.str())
+                continue
+            out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
+        for record in out:
+            if record.topic_partition in self._manual:
+                self._manual[record.topic_partition] = record.offset + 1
+        return out
+
+    def commit(self) -> None:
+        """Commit the positions of what ``poll`` returned (synchronously)."""
+        if self.group is None:
+            raise BusError("commit needs a consumer group")
+        try:
+            self._consumer().commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                raise BusError(f"commit failed: {exc}") from exc
+
+    def position(self) -> dict[TopicPartition, int]:
+        """Next offsets, for partitions that have one."""
+        raw = self._consumer()
+        parts = raw.position(raw.assignment())
+        return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
+
+    def committed(self) -> dict[TopicPartition, int]:
+        """Offsets committed by the group for the assigned partitions."""
+        if self.group is None:
+            return {}
+        raw = self._consumer()
+        parts = raw.committed(raw.assignment(), timeout=METADATA_TIMEOUT_S)
+        return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
+
+    def assignment(self) -> list[TopicPartition]:
+        """Partitions currently assigned (after the group's first rebalance)."""
+        return sorted(TopicPartition(p.topic, p.partition) for p in self._consumer().assignment())
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` next."""
+        if self.group is None:
+            if tp not in self._manual:
+                raise BusError(f"{tp.topic}[{tp.partition}] is not read by this consumer")
+            self._manual[tp] = offset
+            self._assign_manual()
+            return
+        raw = self._consumer()
+        if tp not in self.assignment():
+            self._pending_seeks[tp] = offset
+            return
+        for _ in range(50):  # a partition accepts seeks only once its fetcher has started
+            try:
+                raw.seek(RawTopicPartition(tp.topic, tp.partition, offset))
+                return
+            except KafkaException:
+                raw.poll(0.05)
+        raise BusError(f"could not seek {tp.topic}[{tp.partition}] to {offset}")
+
+    def seek_to_timestamp(self, timestamp_ms: int) -> dict[TopicPartition, int]:
+        """Seek each assigned partition to the first record at or after ``timestamp_ms`` (else to its end)."""
+        raw = self._consumer()
+        query = [RawTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in self.assignment()]
+        found = raw.offsets_for_times(query, timeout=METADATA_TIMEOUT_S) if query else []
+        result: dict[TopicPartition, int] = {}
+        for part in found:
+            tp = TopicPartition(part.topic, part.partition)
+            offset = part.offset
+            if offset < 0:
+                offset = raw.get_watermark_offsets(part, timeout=METADATA_TIMEOUT_S, cached=False)[1]
+            result[tp] = offset
+            self.seek(tp, offset)
+        return result
+
+    def close(self) -> None:
+        """Close the consumer (a static member keeps its slot until its session lapses)."""
+        if self.raw is not None:
+            self.raw.close()
+            self.raw = None

@@ -1,0 +1,48 @@
+"""The ``orchard`` command: one entry point, a subcommand per concept."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from orchard import __version__
+from orchard.cli import schemas, tail, topics
+from orchard.cli.common import CliState, err_console
+from orchard.exceptions import OrchardError
+
+app = typer.Typer(
+    help="Orchard: train LLM agents with RL inside the harness they are deployed in.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(topics.app, name="topics")
+app.add_typer(schemas.app, name="schemas")
+app.command("tail")(tail.tail)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(
+        None, "--config", "-c", envvar="ORCHARD_CONFIG", help="YAML config; ORCHARD_* variables override it."
+    ),
+) -> None:
+    """Global options."""
+    ctx.obj = CliState(config_path=config)
+
+
+@app.command("version")
+def version() -> None:
+    """Print Orchard's version."""
+    typer.echo(__version__)
+
+
+def run() -> None:
+    """Console-script entry point: Orchard's own errors become one clear line and exit code 1."""
+    try:
+        app()
+    except OrchardError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        sys.exit(1)
