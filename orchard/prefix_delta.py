@@ -1,0 +1,172 @@
+"""Prefix-delta encoding of prompts, so an episode's ModelCall bytes grow linearly with its length, not quadratically.
+
+A multi-turn agent resends its whole context on every call. A ModelCall therefore stores its prompt as "the first
+``prompt_prefix_length`` tokens of the full sequence (prompt + completion) of call ``prompt_base_call_index`` in the
+same episode, followed by ``prompt_token_ids``". The producer (``PrefixDeltaEncoder``, one per episode) picks the
+remembered call sharing the longest common prefix; the consumer (``PromptReconstructor``) rebuilds exact prompts.
+
+Departures from the obvious scheme, and why:
+
+- a remembered call whose whole sequence begins the new call's sequence is forgotten by the encoder: the new call
+  shares at least as long a prefix with any later prompt, so nothing is lost, and a linear conversation keeps one
+  candidate instead of all of them;
+- the encoder remembers at most ``max_candidates`` calls (the most recent), bounding its memory and its per-call cost
+  in a proxy serving thousands of episodes; an older branch point then costs a longer delta, never a wrong prompt.
+
+Records must reach the consumer in the order they were encoded (one partition per episode keeps that order), since
+a call's base is always a call encoded before it; call indices themselves need not arrive in order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from orchard.serialization_errors import MissingBaseCallError, PrefixDeltaError
+from orchard.tokens import unpack_token_ids
+
+TokenArray = npt.NDArray[np.int32]
+TokenInput = Sequence[int] | npt.NDArray[np.integer[Any]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PromptDelta:
+    """How one prompt is stored: ``base[:prefix_length] + new_token_ids``, or all of it when ``base_call_index`` is
+    None (then ``prefix_length`` is 0)."""
+
+    base_call_index: int | None
+    prefix_length: int
+    new_token_ids: TokenArray
+
+
+def common_prefix_length(a: TokenArray, b: TokenArray) -> int:
+    """Length of the longest common prefix of two token arrays (vectorised)."""
+    n = min(len(a), len(b))
+    mismatches = np.flatnonzero(a[:n] != b[:n])
+    return int(mismatches[0]) if mismatches.size else n
+
+
+class PrefixDeltaEncoder:
+    """Producer side, one per episode: encodes each call's prompt against the calls it remembers."""
+
+    def __init__(self, max_candidates: int = 8) -> None:
+        """Remember at most ``max_candidates`` earlier calls (the most recent) as possible bases."""
+        if max_candidates < 1:
+            raise ValueError("max_candidates must be at least 1")
+        self._max_candidates = max_candidates
+        self._sequences: OrderedDict[int, TokenArray] = OrderedDict()
+        self._encoded: set[int] = set()
+
+    def encode(self, call_index: int, prompt_ids: TokenInput, completion_ids: TokenInput) -> PromptDelta:
+        """Encode the prompt of call ``call_index`` and remember its full sequence for later calls."""
+        if call_index in self._encoded:
+            raise PrefixDeltaError(f"call {call_index} was already encoded in this episode")
+        prompt, completion = _tokens(prompt_ids), _tokens(completion_ids)
+        base, prefix_length = self._best_base(prompt)
+        if base is not None and prefix_length == len(self._sequences[base]):
+            del self._sequences[base]  # the new call's sequence extends it: it can never be a better base
+        self._remember(call_index, np.concatenate([prompt, completion]))
+        if base is None:
+            return PromptDelta(None, 0, prompt)
+        return PromptDelta(base, prefix_length, prompt[prefix_length:])
+
+    def _best_base(self, prompt: TokenArray) -> tuple[int | None, int]:
+        best: tuple[int | None, int] = (None, 0)
+        for index, sequence in reversed(self._sequences.items()):  # the most recent wins ties
+            length = common_prefix_length(prompt, sequence)
+            if length > best[1]:
+                best = (index, length)
+        return best
+
+    def _remember(self, call_index: int, sequence: TokenArray) -> None:
+        self._encoded.add(call_index)
+        self._sequences[call_index] = sequence
+        while len(self._sequences) > self._max_candidates:
+            self._sequences.popitem(last=False)
+
+
+class PromptReconstructor:
+    """Consumer side, one per episode: rebuilds exact prompts from prefix deltas."""
+
+    def __init__(self) -> None:
+        """Start with no calls."""
+        self._prompts: dict[int, TokenArray] = {}
+        self._sequences: dict[int, TokenArray] = {}
+
+    def add(
+        self,
+        call_index: int,
+        base_call_index: int | None,
+        prefix_length: int,
+        new_token_ids: TokenInput,
+        completion_ids: TokenInput,
+    ) -> TokenArray:
+        """Rebuild and remember the prompt of ``call_index``; return it (read-only)."""
+        if call_index in self._sequences:
+            raise PrefixDeltaError(f"call {call_index} was already added")
+        prefix = self._prefix(call_index, base_call_index, prefix_length)
+        new, completion = _tokens(new_token_ids), _tokens(completion_ids)
+        sequence = np.concatenate([prefix, new, completion])
+        sequence.flags.writeable = False
+        self._sequences[call_index] = sequence
+        self._prompts[call_index] = sequence[: len(prefix) + len(new)]
+        return self._prompts[call_index]
+
+    def add_model_call(self, record: Mapping[str, Any]) -> TokenArray:
+        """``add`` from a decoded ModelCall record (packed token fields)."""
+        return self.add(
+            record["call_index"],
+            record["prompt_base_call_index"],
+            record["prompt_prefix_length"],
+            unpack_token_ids(record["prompt_token_ids"]),
+            unpack_token_ids(record["completion_token_ids"]),
+        )
+
+    def prompt(self, call_index: int) -> TokenArray:
+        """The full prompt of call ``call_index`` (read-only)."""
+        try:
+            return self._prompts[call_index]
+        except KeyError:
+            raise KeyError(f"call {call_index} has not been added") from None
+
+    def sequence(self, call_index: int) -> TokenArray:
+        """The full token sequence (prompt + completion) of call ``call_index`` (read-only)."""
+        try:
+            return self._sequences[call_index]
+        except KeyError:
+            raise KeyError(f"call {call_index} has not been added") from None
+
+    def __contains__(self, call_index: object) -> bool:
+        """Whether call ``call_index`` has been added."""
+        return call_index in self._sequences
+
+    def _prefix(self, call_index: int, base: int | None, prefix_length: int) -> TokenArray:
+        if base is None:
+            if prefix_length:
+                raise PrefixDeltaError(f"call {call_index}: prefix_length {prefix_length} without a base call")
+            return np.empty(0, dtype=np.int32)
+        if base not in self._sequences:
+            raise MissingBaseCallError(
+                f"call {call_index} builds on call {base}, which has not been added (records out of order, or lost)"
+            )
+        base_sequence = self._sequences[base]
+        if not 0 <= prefix_length <= len(base_sequence):
+            raise PrefixDeltaError(
+                f"call {call_index}: prefix_length {prefix_length} outside base call {base}'s "
+                f"{len(base_sequence)} tokens"
+            )
+        return base_sequence[:prefix_length]
+
+
+def _tokens(ids: TokenInput) -> TokenArray:
+    array = np.asarray(ids)
+    if array.ndim != 1:
+        raise PrefixDeltaError(f"token ids must be 1-D, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise PrefixDeltaError(f"token ids must be integers, got dtype {array.dtype}")
+    return array.astype(np.int32, copy=False)

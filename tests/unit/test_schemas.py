@@ -1,0 +1,224 @@
+"""The shipped schemas: conventions, documentation, a round trip of each, and an evolution test of each."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchard.codec import Codec, DecodedRecord, SchemaCatalog
+from orchard.schema_compat import check_catalog
+from orchard.tokens import pack_logprobs, pack_loss_mask, pack_token_ids
+from schemas import SCHEMA_DIR
+
+T0 = datetime(2026, 11, 29, 9, 30, 0, 125_000, tzinfo=UTC)
+RNG = np.random.default_rng(2026)
+PROMPT = RNG.integers(0, 151_000, 4_096)
+COMPLETION = RNG.integers(0, 151_000, 512)
+LOGPROBS = -RNG.exponential(0.3, 512).astype(np.float32)
+
+SAMPLES: dict[str, dict[str, Any]] = {
+    "ModelCall": {
+        "run_id": "swe-rl-2026-11-29",
+        "episode_id": "ep-7f3a91",
+        "task_id": "sympy__sympy-20590",
+        "call_index": 12,
+        "harness": "codex",
+        "api_flavour": "RESPONSES",
+        "model": "orchard-swe-3b",
+        "policy_version": 41,
+        "request_messages_json": json.dumps([{"role": "user", "content": "The test test_printing fails."}]),
+        "request_tools_json": json.dumps([{"type": "function", "name": "shell", "parameters": {"type": "object"}}]),
+        "sampling_params_json": json.dumps({"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 512}),
+        "response_text": "Let me run the failing test first.",
+        "response_tool_calls_json": json.dumps([{"name": "shell", "arguments": '{"cmd": ["pytest", "-x"]}'}]),
+        "finish_reason": "tool_calls",
+        "prompt_base_call_index": 11,
+        "prompt_prefix_length": 3_880,
+        "prompt_token_ids": pack_token_ids(PROMPT),
+        "completion_token_ids": pack_token_ids(COMPLETION),
+        "completion_logprobs": pack_logprobs(LOGPROBS),
+        "retokenized": False,
+        "latency_ms": 2_417.25,
+        "timestamp": T0,
+    },
+    "EpisodeOutcome": {
+        "run_id": "swe-rl-2026-11-29",
+        "episode_id": "ep-7f3a91",
+        "task_id": "sympy__sympy-20590",
+        "group_id": "grp-sympy-20590-step-41",
+        "status": "SUCCEEDED",
+        "reward": 1.0,
+        "success": True,
+        "signals": {"tests_passed_fraction": 1.0, "patch_lines": 14.0},
+        "num_model_calls": 23,
+        "artifact_uris": [
+            "s3://orchard/runs/swe-rl/ep-7f3a91/patch.diff",
+            "s3://orchard/runs/swe-rl/ep-7f3a91/log.txt",
+        ],
+        "policy_version": 41,
+        "started_at": T0 - timedelta(minutes=7),
+        "ended_at": T0,
+        "error": None,
+    },
+    "StepScore": {
+        "run_id": "swe-rl-2026-11-29",
+        "episode_id": "ep-7f3a91",
+        "call_index": 12,
+        "scorer": "process-reward-model",
+        "policy_version": 41,
+        "token_start": 0,
+        "token_end": 512,
+        "score": 0.82,
+        "details_json": json.dumps({"wrote_test": True, "verified_fix": False}),
+        "timestamp": T0,
+    },
+    "TrainingSample": {
+        "run_id": "swe-rl-2026-11-29",
+        "episode_id": "ep-7f3a91",
+        "task_id": "sympy__sympy-20590",
+        "group_id": "grp-sympy-20590-step-41",
+        "sample_id": "ep-7f3a91/calls-0-22",
+        "kind": "RL",
+        "policy_version": 41,
+        "token_ids": pack_token_ids(np.concatenate([PROMPT, COMPLETION])),
+        "loss_mask": pack_loss_mask(np.r_[np.zeros(4_096), np.ones(512)].astype(bool)),
+        "advantages": pack_logprobs(np.r_[np.zeros(4_096), np.full(512, 0.75)]),
+        "behaviour_logprobs": pack_logprobs(np.r_[np.zeros(4_096), LOGPROBS]),
+        "reward": 1.0,
+        "created_at": T0,
+    },
+    "PolicyVersion": {
+        "run_id": "swe-rl-2026-11-29",
+        "model": "policy",
+        "version": 42,
+        "uri": "s3://orchard/runs/swe-rl/weights/policy/v42/",
+        "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        "trainer_step": 420,
+        "metrics": {"loss": 0.4125, "kl": 0.0031, "grad_norm": 0.87},
+        "created_at": T0,
+    },
+    "SandboxEvent": {
+        "run_id": "swe-rl-2026-11-29",
+        "episode_id": "ep-7f3a91",
+        "sandbox_id": "orchard-ep-7f3a91",
+        "sequence": 57,
+        "operation": "EXEC",
+        "command_or_path": "pytest -x sympy/printing/tests/test_str.py",
+        "exit_code": 1,
+        "duration_ms": 5_310.5,
+        "output_sha256": "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae",
+        "output_bytes": 18_234,
+        "timestamp": T0,
+    },
+    "DeadLetter": {
+        "original": b"\xc3\x01\x00\x01\x02\x03\x04\x05\x06\x07truncated",
+        "source_topic": "model-calls",
+        "source_partition": 5,
+        "source_offset": 981_233,
+        "source_key": b"ep-7f3a91",
+        "reason": "writer schema fingerprint 0001020304050607 is not in the schema catalog",
+        "error_type": "UnknownFingerprintError",
+        "consumer_group": "trajectory-assembler",
+        "timestamp": T0,
+    },
+}
+NAMES = sorted(SAMPLES)
+PROBE = {"name": "evolution_probe", "type": "string", "default": "probe-default", "doc": "A field added in v2."}
+
+
+def schema_json(name: str) -> dict[str, Any]:
+    """The current shipped schema of ``name``."""
+    return SchemaCatalog.load().current(name).schema
+
+
+def test_every_shipped_schema_has_a_sample() -> None:
+    assert SchemaCatalog.load().names() == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip(name: str) -> None:
+    codec = Codec.default()
+    assert codec.decode(codec.encode(name, SAMPLES[name])) == DecodedRecord(name, 1, 1, SAMPLES[name])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_schema_conventions(name: str) -> None:
+    schema = schema_json(name)
+    assert (schema["namespace"], schema["name"], schema["type"]) == ("dev.orchard", name, "record")
+    undocumented = [f["name"] for f in schema["fields"] if not f.get("doc", "").strip()]
+    assert (bool(schema.get("doc", "").strip()), undocumented) == (True, [])
+    times = {f["name"]: f["type"] for f in schema["fields"] if f["name"] == "timestamp" or f["name"].endswith("_at")}
+    assert set(map(json.dumps, times.values())) == {json.dumps({"type": "long", "logicalType": "timestamp-millis"})}
+    enums = [f["type"] for f in schema["fields"] if isinstance(f["type"], dict) and f["type"]["type"] == "enum"]
+    assert [bool(e.get("doc")) for e in enums] == [True] * len(enums)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_identity_fields(name: str) -> None:
+    fields = {f["name"] for f in schema_json(name)["fields"]}
+    expected = {"run_id"} if name not in {"DeadLetter"} else {"source_topic", "source_partition", "source_offset"}
+    expected |= {"episode_id"} if name not in {"DeadLetter", "PolicyVersion"} else set()
+    assert expected <= fields
+
+
+def test_packed_fields() -> None:
+    catalog = SchemaCatalog.load()
+    assert {
+        name: dict(catalog.current(name).packed_fields) for name in NAMES if catalog.current(name).packed_fields
+    } == {
+        "ModelCall": {"prompt_token_ids": "int32", "completion_token_ids": "int32", "completion_logprobs": "float32"},
+        "TrainingSample": {
+            "token_ids": "int32",
+            "loss_mask": "uint8",
+            "advantages": "float32",
+            "behaviour_logprobs": "float32",
+        },
+    }
+
+
+def test_readme_documents_every_field_of_every_record() -> None:
+    readme = (SCHEMA_DIR / "README.md").read_text()
+    sections = dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", readme, flags=re.S | re.M))
+    documented = {name: re.findall(r"^\| `(\w+)` \|", sections.get(name, ""), flags=re.M) for name in NAMES}
+    assert documented == {name: [f["name"] for f in schema_json(name)["fields"]] for name in NAMES}
+
+
+def test_schema_files_are_package_data() -> None:
+    """pyproject ships ``schemas/*.avsc`` and ``schemas/*/*.avsc``: every schema file must sit one folder down."""
+    files = sorted(SCHEMA_DIR.rglob("*.avsc"))
+    assert [len(path.relative_to(SCHEMA_DIR).parts) for path in files] == [2] * len(files)
+    assert len(files) == len(NAMES)
+
+
+def test_shipped_catalog_passes_the_check() -> None:
+    assert check_catalog(SchemaCatalog.load()) == []
+
+
+def evolved_catalog(root: Path, name: str) -> SchemaCatalog:
+    """A catalog with the shipped v1 of ``name`` and a v2 adding a defaulted field."""
+    v1 = schema_json(name)
+    (root / name).mkdir()
+    (root / name / "v1.avsc").write_text(json.dumps(v1))
+    (root / name / "v2.avsc").write_text(json.dumps(v1 | {"fields": [*v1["fields"], PROBE]}))
+    return SchemaCatalog.load(root)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_evolution(tmp_path: Path, name: str) -> None:
+    catalog = evolved_catalog(tmp_path, name)
+    old_process, new_process = Codec(catalog, versions={name: 1}), Codec(catalog)
+    assert check_catalog(catalog) == []
+    old_data = old_process.encode(name, SAMPLES[name])
+    new_data = new_process.encode(name, SAMPLES[name] | {"evolution_probe": "set by v2"})
+    assert old_data[2:10] != new_data[2:10]
+    assert new_process.decode(old_data) == DecodedRecord(
+        name, 1, 2, SAMPLES[name] | {"evolution_probe": "probe-default"}
+    )
+    assert old_process.decode(new_data) == DecodedRecord(name, 2, 1, SAMPLES[name])
+    assert new_process.decode(new_data) == DecodedRecord(name, 2, 2, SAMPLES[name] | {"evolution_probe": "set by v2"})
