@@ -13,12 +13,18 @@ Departures from the obvious scheme, and why:
 - the encoder remembers at most ``max_candidates`` calls (the most recent), bounding its memory and its per-call cost
   in a proxy serving thousands of episodes; an older branch point then costs a longer delta, never a wrong prompt.
 
+The request's messages are delta encoded the same way, against the same base call: the first
+``request_messages_prefix_count`` messages are the base call's conversation (its messages, then its reply as
+``assistant_message`` builds it), and only the rest are stored. A harness that echoes the reply differently just
+gets a shorter message prefix, never a wrong one.
+
 Records must reach the consumer in the order they were encoded (one partition per episode keeps that order), since
 a call's base is always a call encoded before it; call indices themselves need not arrive in order.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +48,29 @@ class PromptDelta:
     base_call_index: int | None
     prefix_length: int
     new_token_ids: TokenArray
+    messages_prefix_count: int = 0
+    new_messages: list[Any] | None = None
+
+
+Message = Mapping[str, Any]
+
+
+def assistant_message(response_text: str, tool_calls: Sequence[Any] = ()) -> dict[str, Any]:
+    """The assistant message a chat harness appends after a response; the base of the next call's messages."""
+    message: dict[str, Any] = {"role": "assistant", "content": response_text}
+    if tool_calls:
+        message["tool_calls"] = list(tool_calls)
+    return message
+
+
+def common_message_prefix(base: Sequence[Any], messages: Sequence[Any]) -> int:
+    """Number of leading messages two conversations share."""
+    count = 0
+    for old, new in zip(base, messages, strict=False):
+        if old != new:
+            break
+        count += 1
+    return count
 
 
 def common_prefix_length(a: TokenArray, b: TokenArray) -> int:
@@ -60,20 +89,36 @@ class PrefixDeltaEncoder:
             raise ValueError("max_candidates must be at least 1")
         self._max_candidates = max_candidates
         self._sequences: OrderedDict[int, TokenArray] = OrderedDict()
+        self._conversations: dict[int, list[Any]] = {}
         self._encoded: set[int] = set()
 
-    def encode(self, call_index: int, prompt_ids: TokenInput, completion_ids: TokenInput) -> PromptDelta:
-        """Encode the prompt of call ``call_index`` and remember its full sequence for later calls."""
+    def encode(
+        self,
+        call_index: int,
+        prompt_ids: TokenInput,
+        completion_ids: TokenInput,
+        messages: Sequence[Any] | None = None,
+        reply: Message | None = None,
+    ) -> PromptDelta:
+        """Encode the prompt (and, if given, the request ``messages``) of call ``call_index`` against the best
+        earlier call, and remember its full sequence and conversation (``messages`` + ``reply``) for later calls."""
         if call_index in self._encoded:
             raise PrefixDeltaError(f"call {call_index} was already encoded in this episode")
         prompt, completion = _tokens(prompt_ids), _tokens(completion_ids)
         base, prefix_length = self._best_base(prompt)
+        count = 0
+        if messages is not None and base is not None:
+            count = common_message_prefix(self._conversations.get(base, ()), messages)
         if base is not None and prefix_length == len(self._sequences[base]):
             del self._sequences[base]  # the new call's sequence extends it: it can never be a better base
+            self._conversations.pop(base, None)
         self._remember(call_index, np.concatenate([prompt, completion]))
+        if messages is not None:
+            self._conversations[call_index] = [*messages, *([reply] if reply is not None else [])]
+        new_messages = None if messages is None else list(messages[count:])
         if base is None:
-            return PromptDelta(None, 0, prompt)
-        return PromptDelta(base, prefix_length, prompt[prefix_length:])
+            return PromptDelta(None, 0, prompt, 0, new_messages)
+        return PromptDelta(base, prefix_length, prompt[prefix_length:], count, new_messages)
 
     def _best_base(self, prompt: TokenArray) -> tuple[int | None, int]:
         best: tuple[int | None, int] = (None, 0)
@@ -87,7 +132,8 @@ class PrefixDeltaEncoder:
         self._encoded.add(call_index)
         self._sequences[call_index] = sequence
         while len(self._sequences) > self._max_candidates:
-            self._sequences.popitem(last=False)
+            forgotten, _ = self._sequences.popitem(last=False)
+            self._conversations.pop(forgotten, None)
 
 
 class PromptReconstructor:
@@ -97,6 +143,8 @@ class PromptReconstructor:
         """Start with no calls."""
         self._prompts: dict[int, TokenArray] = {}
         self._sequences: dict[int, TokenArray] = {}
+        self._messages: dict[int, list[Any]] = {}
+        self._conversations: dict[int, list[Any]] = {}
 
     def add(
         self,
@@ -118,14 +166,33 @@ class PromptReconstructor:
         return self._prompts[call_index]
 
     def add_model_call(self, record: Mapping[str, Any]) -> TokenArray:
-        """``add`` from a decoded ModelCall record (packed token fields)."""
-        return self.add(
-            record["call_index"],
-            record["prompt_base_call_index"],
+        """``add`` from a decoded ModelCall record (packed token fields), rebuilding its messages too."""
+        call_index, base = record["call_index"], record["prompt_base_call_index"]
+        count = record.get("request_messages_prefix_count", 0)
+        if count and (base is None or base not in self._conversations):
+            raise MissingBaseCallError(f"call {call_index}: {count} messages come from call {base}, which is unknown")
+        prefix = self._conversations[base][:count] if count else []
+        if len(prefix) != count:
+            raise PrefixDeltaError(f"call {call_index}: base call {base} has only {len(prefix)} messages, not {count}")
+        prompt = self.add(
+            call_index,
+            base,
             record["prompt_prefix_length"],
             unpack_token_ids(record["prompt_token_ids"]),
             unpack_token_ids(record["completion_token_ids"]),
         )
+        messages = [*prefix, *json.loads(record["request_messages_json"])]
+        reply = assistant_message(record["response_text"], json.loads(record["response_tool_calls_json"]))
+        self._messages[call_index] = messages
+        self._conversations[call_index] = [*messages, reply]
+        return prompt
+
+    def messages(self, call_index: int) -> list[Any]:
+        """The full request messages of call ``call_index`` (added through ``add_model_call``)."""
+        try:
+            return self._messages[call_index]
+        except KeyError:
+            raise KeyError(f"call {call_index} has no messages (added without add_model_call?)") from None
 
     def prompt(self, call_index: int) -> TokenArray:
         """The full prompt of call ``call_index`` (read-only)."""

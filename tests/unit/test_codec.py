@@ -64,6 +64,7 @@ def model_call(**overrides: Any) -> dict[str, Any]:
         "model": "orchard-swe-3b",
         "policy_version": 17,
         "request_messages_json": json.dumps([{"role": "user", "content": "Fix the failing test."}]),
+        "request_messages_prefix_count": 0,
         "request_tools_json": json.dumps([{"type": "function", "name": "shell"}]),
         "sampling_params_json": json.dumps({"temperature": 1.0, "max_tokens": 512}),
         "response_text": "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -194,3 +195,56 @@ def test_reconstructed_arrays_are_read_only() -> None:
     reconstructor = PromptReconstructor()
     prompt = reconstructor.add(0, None, 0, np.array([1, 2], dtype=np.int32), [3])
     assert (prompt.flags.writeable, reconstructor.sequence(0).flags.writeable) == (False, False)
+
+
+def _episode_records(calls: int) -> tuple[list[bytes], list[list[dict[str, str]]], list[np.ndarray]]:
+    """Encode a chat episode whose conversation grows by the reply and a tool result each call."""
+
+    from orchard.prefix_delta import assistant_message
+
+    codec = Codec.default()
+    rng = np.random.default_rng(3)
+    encoder = PrefixDeltaEncoder()
+    messages: list[dict[str, str]] = [{"role": "user", "content": "fix the bug " * 50}]
+    prompt = rng.integers(0, 50_000, 400)
+    encoded, conversations, prompts = [], [], []
+    for k in range(calls):
+        completion = rng.integers(0, 50_000, 60)
+        reply_text = f"step {k}: run the tests"
+        delta = encoder.encode(k, prompt, completion, messages, assistant_message(reply_text))
+        record = {
+            "run_id": "r", "episode_id": "e", "task_id": "t", "call_index": k, "harness": "builtin",
+            "api_flavour": "CHAT", "model": "tiny", "policy_version": 0,
+            "request_messages_json": json.dumps(delta.new_messages),
+            "request_messages_prefix_count": delta.messages_prefix_count,
+            "response_text": reply_text, "finish_reason": "stop",
+            "prompt_base_call_index": delta.base_call_index, "prompt_prefix_length": delta.prefix_length,
+            "prompt_token_ids": delta.new_token_ids, "completion_token_ids": completion,
+            "completion_logprobs": np.zeros(60, dtype=np.float32), "latency_ms": 1.0, "timestamp": 0,
+        }  # fmt: skip
+        encoded.append(codec.encode("ModelCall", record))
+        conversations.append(list(messages))
+        prompts.append(prompt)
+        messages = [*messages, assistant_message(reply_text), {"role": "tool", "content": f"output {k} " * 40}]
+        prompt = np.concatenate([prompt, completion, rng.integers(0, 50_000, 80)])
+    return encoded, conversations, prompts
+
+
+def test_messages_and_prompts_are_rebuilt_exactly_from_the_deltas() -> None:
+
+    encoded, conversations, prompts = _episode_records(12)
+    codec = Codec.default()
+    rebuilt = PromptReconstructor()
+    for k, data in enumerate(encoded):
+        record = codec.decode(data).record
+        assert np.array_equal(rebuilt.add_model_call(record), prompts[k])
+        assert rebuilt.messages(k) == conversations[k]
+        if k:
+            assert record["request_messages_prefix_count"] == len(conversations[k]) - 1
+            assert len(json.loads(record["request_messages_json"])) == 1
+
+
+def test_episode_bytes_with_messages_grow_linearly() -> None:
+    thirty = sum(len(b) for b in _episode_records(30)[0])
+    sixty = sum(len(b) for b in _episode_records(60)[0])
+    assert sixty < 2.2 * thirty

@@ -33,6 +33,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "model": "orchard-swe-3b",
         "policy_version": 41,
         "request_messages_json": json.dumps([{"role": "user", "content": "The test test_printing fails."}]),
+        "request_messages_prefix_count": 2,
         "request_tools_json": json.dumps([{"type": "function", "name": "shell", "parameters": {"type": "object"}}]),
         "sampling_params_json": json.dumps({"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 512}),
         "response_text": "Let me run the failing test first.",
