@@ -34,6 +34,9 @@ class EmbeddedBusConfig(_Strict):
         description="'always' fsyncs every append before acknowledging it (survives power loss); "
         "'never' leaves flushing to the OS (survives a killed process, not a lost machine).",
     )
+    verify_crc: bool = Field(
+        False, description="Check each record's CRC-32 when reading (catches disk damage; costs ~12 us per 34 KB)."
+    )
     segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="Roll to a new segment past this size.")
     default_partitions: int = Field(4, ge=1, le=1024, description="Partitions of topics created implicitly.")
     retention_ms: int | None = Field(None, ge=1, description="Delete whole segments older than this (None: keep).")
@@ -78,6 +81,9 @@ class S3StoreConfig(_Strict):
     secure: bool = Field(False, description="Use HTTPS.")
     region: str | None = Field(None, description="Region name, when the server needs one.")
     part_size: int = Field(16 * 1024 * 1024, ge=5 * 1024 * 1024, description="Multipart upload part size.")
+    parallel_uploads: int = Field(
+        3, ge=1, le=16, description="Parts uploaded at once; memory held is about (this + 3) * part_size."
+    )
     timeout_s: float = Field(10.0, gt=0, description="Connect/read timeout of one HTTP request.")
     retries: int = Field(2, ge=0, le=10, description="Retries of a failed HTTP request before giving up.")
 
@@ -109,6 +115,22 @@ class OrchardConfig(BaseSettings):
         return (env_settings, init_settings)
 
 
+class _ExplicitOnly(OrchardConfig):
+    """Validates explicit values only, so command-line overrides win over the environment."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Only the values passed in."""
+        return (init_settings,)
+
+
 def describe_validation_error(exc: ValidationError, source: str) -> str:
     """Render pydantic errors as one line per field: ``bus.bootstrap_servers: Field required``."""
     lines = [f"invalid configuration in {source}:"]
@@ -137,8 +159,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> OrchardConfig:
     try:
         config = OrchardConfig(**data)
         if overrides:
-            # model_validate skips the environment, so explicit overrides win over it.
-            config = OrchardConfig.model_validate(_deep_merge(config.model_dump(), overrides))
+            config = _ExplicitOnly(**_deep_merge(config.model_dump(), overrides))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, source)) from exc
     return config

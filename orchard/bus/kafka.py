@@ -375,10 +375,13 @@ class KafkaConsumer(Consumer):
                 log.warning("consumer error", error=error.str())
                 continue
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
-        for record in out:
-            if record.topic_partition in self._manual:
-                self._manual[record.topic_partition] = record.offset + 1
         return out
+
+    @staticmethod
+    def _handle_error(error: KafkaError) -> None:
+        if error.fatal():
+            raise BusError(f"fatal consumer error: {error.str()}")
+        log.warning("consumer error", error=error.str())
 
     def commit(self) -> None:
         """Commit the positions of what ``poll`` returned (synchronously)."""
@@ -413,6 +416,7 @@ class KafkaConsumer(Consumer):
         if self.group is None:
             if tp not in self._manual:
                 raise BusError(f"{tp.topic}[{tp.partition}] is not read by this consumer")
+            self._manual.update(self.position())  # keep where the other partitions are
             self._manual[tp] = offset
             self._assign_manual()
             return

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from orchard import __version__
-from orchard.cli import schemas, tail, topics
+from orchard.cli import demo, schemas, tail, topics
 from orchard.cli.common import CliState, err_console
 from orchard.exceptions import OrchardError
 
@@ -20,6 +20,7 @@ app = typer.Typer(
 app.add_typer(topics.app, name="topics")
 app.add_typer(schemas.app, name="schemas")
 app.command("tail")(tail.tail)
+app.command("demo")(demo.demo)
 
 
 @app.callback()

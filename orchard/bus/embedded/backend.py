@@ -142,6 +142,7 @@ class EmbeddedBus(Bus):
                 self._topic_dir(tp.topic) / str(tp.partition),
                 segment_bytes=self.config.segment_bytes,
                 fsync=self._fsync,
+                verify_crc=self.config.verify_crc,
             )
         return self._logs[tp]
 

@@ -192,3 +192,19 @@ def test_interrupted_transaction_is_settled_exactly_once_on_next_open(
     assert reopened.group_offsets("g").read() == {TopicPartition("in", 0): 4}
     assert reopened.transactions.settle_all() == 0
     assert os.listdir(tmp_path / "transactions") == []
+
+
+def test_crc_check_catches_a_damaged_record_when_enabled(tmp_path: Path) -> None:
+    from orchard.bus import BusError
+
+    bus = EmbeddedBus(EmbeddedBusConfig(path=tmp_path, verify_crc=True))
+    bus.create_topic("t", partitions=1)
+    bus.producer().send("t", b"precious value")
+    segment = tmp_path / "topics" / "t" / "0" / f"{0:020d}.log"
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF  # one flipped bit inside the value, as disk damage would leave it
+    segment.write_bytes(bytes(data))
+    with pytest.raises(BusError, match="corrupt frame at offset 0"):
+        bus.consumer(["t"]).poll(max_records=1, timeout_s=0.1)
+    unchecked = EmbeddedBus(EmbeddedBusConfig(path=tmp_path, verify_crc=False))
+    assert len(unchecked.consumer(["t"]).poll(max_records=1, timeout_s=0.1)) == 1

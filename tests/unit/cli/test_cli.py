@@ -1,0 +1,112 @@
+"""The ``orchard`` command as a user runs it: the installed console script, on embedded defaults in a temp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ORCHARD = str(Path(sys.executable).with_name("orchard"))
+
+
+def orchard(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``orchard`` command in ``cwd`` (so ``.orchard/`` lands there)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+    return subprocess.run(
+        [ORCHARD, *args], cwd=cwd, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory in which ``orchard demo --calls 6`` has run once."""
+    cwd = tmp_path_factory.mktemp("demo")
+    result = orchard("demo", "--calls", "6", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd
+
+
+def test_demo_records_replays_and_verifies_on_embedded_defaults(demo_dir: Path) -> None:
+    result = orchard("demo", "--calls", "6", cwd=demo_dir)
+    assert result.returncode == 0, result.stderr
+    assert "6/6" in result.stdout
+    assert "SUCCEEDED" in result.stdout
+    assert "v2" in result.stdout  # the second run publishes the next policy version
+    assert (demo_dir / ".orchard" / "bus" / "topics" / "model-calls").is_dir()
+
+
+def test_topics_list_and_describe_show_what_the_demo_wrote(demo_dir: Path) -> None:
+    listing = orchard("topics", "list", cwd=demo_dir)
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split("│")[1].strip(): line for line in listing.stdout.splitlines() if line.count("│") >= 4}
+    assert set(rows) >= {"model-calls", "outcomes", "policy-versions", "dead-letters"}
+    described = orchard("topics", "describe", "policy-versions", cwd=demo_dir)
+    assert "partitions=1" in described.stdout and "PolicyVersion" in described.stdout
+
+
+def test_tail_prints_json_lines_with_token_arrays_unpacked(demo_dir: Path) -> None:
+    result = orchard("tail", "model-calls", "-n", "3", cwd=demo_dir)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 3
+    assert {line["schema"] for line in lines} == {"ModelCall/v1"}
+    first = lines[0]["record"]
+    assert isinstance(first["completion_token_ids"], list) and all(
+        isinstance(t, int) for t in first["completion_token_ids"]
+    )
+    assert len(first["completion_logprobs"]) == len(first["completion_token_ids"])
+
+
+def test_tail_starts_at_an_offset_or_a_time(demo_dir: Path) -> None:
+    everything = orchard("tail", "policy-versions", cwd=demo_dir).stdout.splitlines()
+    assert len(everything) >= 1
+    from_offset = orchard("tail", "policy-versions", "--from-offset", "1", cwd=demo_dir).stdout.splitlines()
+    assert [json.loads(line)["offset"] for line in from_offset] == list(range(1, len(everything)))
+    future = orchard("tail", "policy-versions", "--from-time", "2999-01-01T00:00:00", cwd=demo_dir)
+    assert future.returncode == 0 and future.stdout == ""
+    past = orchard("tail", "policy-versions", "--from-time", "-1d", cwd=demo_dir).stdout.splitlines()
+    assert len(past) == len(everything)
+
+
+def test_topics_create_makes_the_standard_topics_and_refuses_duplicates(tmp_path: Path) -> None:
+    assert orchard("topics", "create", cwd=tmp_path).returncode == 0
+    assert orchard("topics", "create", "extra", "--partitions", "3", cwd=tmp_path).returncode == 0
+    again = orchard("topics", "create", "extra", cwd=tmp_path)
+    assert again.returncode == 1
+    assert "already exists" in again.stdout
+    assert orchard("topics", "create", "extra", "--exist-ok", cwd=tmp_path).returncode == 0
+
+
+def test_bad_config_fails_at_start_naming_the_field(tmp_path: Path) -> None:
+    result = orchard("topics", "list", cwd=tmp_path, env={"ORCHARD_BUS__TYPE": "kafka"})
+    assert result.returncode == 1
+    assert "bus.kafka.bootstrap_servers" in result.stderr
+    config = tmp_path / "orchard.yaml"
+    config.write_text("bus:\n  type: embedded\n  segmnt_bytes: 10\n")
+    result = orchard("--config", str(config), "topics", "list", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "bus.embedded.segmnt_bytes" in result.stderr
+
+
+def test_unreachable_kafka_is_one_clear_line(tmp_path: Path) -> None:
+    env = {
+        "ORCHARD_BUS__TYPE": "kafka",
+        "ORCHARD_BUS__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+        "ORCHARD_BUS__CONNECT_TIMEOUT_S": "1",
+    }
+    result = orchard("topics", "list", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "no Kafka broker answered at 127.0.0.1:9 within 1s" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_schemas_check_and_list(tmp_path: Path) -> None:
+    check = orchard("schemas", "check", cwd=tmp_path)
+    assert check.returncode == 0, check.stderr
+    assert "7 schemas" in check.stdout
+    listing = orchard("schemas", "list", cwd=tmp_path)
+    assert "ModelCall" in listing.stdout and "v1" in listing.stdout

@@ -1,0 +1,72 @@
+"""Config: YAML, then environment, then explicit overrides; bad fields fail at start with their names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchard.config import EmbeddedBusConfig, KafkaBusConfig, S3StoreConfig, load_config
+from orchard.exceptions import ConfigError
+
+
+def test_defaults_are_the_embedded_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ORCHARD_BUS__TYPE", "ORCHARD_STORE__TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    config = load_config()
+    assert (config.bus.type, config.store.type) == ("embedded", "local")
+
+
+def test_environment_overrides_the_file_and_overrides_beat_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "orchard.yaml"
+    path.write_text("run_id: from-file\nbus:\n  type: kafka\n  bootstrap_servers: file:9092\n")
+    monkeypatch.setenv("ORCHARD_BUS__BOOTSTRAP_SERVERS", "env:9092")
+    config = load_config(path)
+    assert isinstance(config.bus, KafkaBusConfig)
+    assert (config.run_id, config.bus.bootstrap_servers) == ("from-file", "env:9092")
+    overridden = load_config(path, run_id="cli", bus={"bootstrap_servers": "cli:9092"})
+    assert isinstance(overridden.bus, KafkaBusConfig)
+    assert (overridden.run_id, overridden.bus.bootstrap_servers) == ("cli", "cli:9092")
+
+
+def test_secrets_come_from_the_environment_and_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHARD_STORE__TYPE", "s3")
+    monkeypatch.setenv("ORCHARD_STORE__ENDPOINT", "minio:9000")
+    monkeypatch.setenv("ORCHARD_STORE__SECRET_KEY", "hunter2")
+    config = load_config()
+    assert isinstance(config.store, S3StoreConfig)
+    assert config.store.secret_key.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("bus:\n  type: embedded\n  default_partitions: 0\n", "bus.embedded.default_partitions"),
+        ("bus:\n  type: rabbit\n", "bus"),
+        ("store:\n  type: s3\n", "store.s3.endpoint"),
+        ("run_id: 'has space'\n", "run_id"),
+        ("unknown_section: 1\n", "unknown_section"),
+    ],
+)
+def test_bad_values_name_their_field(tmp_path: Path, yaml_text: str, field: str) -> None:
+    path = tmp_path / "orchard.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=rf"(?m)^  {field}(:| )"):
+        load_config(path)
+
+
+def test_unreadable_or_non_mapping_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read configuration"):
+        load_config(tmp_path / "missing.yaml")
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(path)
+
+
+def test_embedded_defaults_are_durable_against_a_killed_process() -> None:
+    assert EmbeddedBusConfig().fsync == "never"
+    assert EmbeddedBusConfig(fsync="always").fsync == "always"

@@ -1,0 +1,55 @@
+"""Publishing a policy version: files to the store (manifest last), then a ``PolicyVersion`` record to the bus.
+
+The record is sent only after the manifest exists, so an engine that sees the record can always fetch the
+version; the record carries the sha256 of the manifest document, which lists every file's own sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchard.bus import Producer
+from orchard.codec import Codec
+from orchard.store import ArtifactStore, Manifest
+from orchard.store.versions import manifest_key
+from orchard.topics import POLICY_VERSIONS
+
+
+def policy_artifact_name(run_id: str, model: str) -> str:
+    """Where a run's policy versions live in the store."""
+    return f"runs/{run_id}/{model}"
+
+
+def publish_policy_version(
+    store: ArtifactStore,
+    producer: Producer,
+    *,
+    run_id: str,
+    model: str,
+    version: int,
+    files: Mapping[str, Path],
+    trainer_step: int,
+    metrics: Mapping[str, float] | None = None,
+    codec: Codec | None = None,
+    topic: str = POLICY_VERSIONS,
+) -> tuple[Manifest, dict[str, Any]]:
+    """Upload ``files`` as ``version`` and announce it; return the manifest and the record sent (acknowledged)."""
+    name = policy_artifact_name(run_id, model)
+    manifest = store.publish_version(name, version, files, {"trainer_step": trainer_step, **dict(metrics or {})})
+    key = manifest_key(name, version)
+    record = {
+        "run_id": run_id,
+        "model": model,
+        "version": version,
+        "uri": f"{store.location}/{key}",
+        "sha256": hashlib.sha256(store.get_bytes(key)).hexdigest(),
+        "trainer_step": trainer_step,
+        "metrics": dict(metrics or {}),
+        "created_at": time.time_ns() // 1_000_000,
+    }
+    producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
+    return manifest, record
