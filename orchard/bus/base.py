@@ -20,6 +20,8 @@ from typing import Literal
 from orchard.bus.exceptions import RecordTooLargeError
 
 StartPosition = Literal["earliest", "latest"]
+TOPIC_MAX_BYTES = "max.message.bytes"
+RECORD_OVERHEAD_BYTES = 128  # record batch and record headers that Kafka counts against max.message.bytes
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -81,14 +83,30 @@ class Producer(ABC):
 
     def __init__(self, max_record_bytes: int) -> None:
         self.max_record_bytes = max_record_bytes
+        self._limits: dict[str, tuple[int, str]] = {}
+
+    def topic_max_bytes(self, topic: str) -> int | None:
+        """The topic's own ``max.message.bytes`` if it has one (backends override); None: no topic limit."""
+        return None
+
+    def record_limit(self, topic: str) -> tuple[int, str]:
+        """Largest key + value accepted for ``topic``, and where that limit comes from (cached per topic)."""
+        if topic not in self._limits:
+            limit, source = self.max_record_bytes, "bus.max_record_bytes"
+            topic_bytes = self.topic_max_bytes(topic)
+            if topic_bytes is not None and topic_bytes - RECORD_OVERHEAD_BYTES < limit:
+                limit = topic_bytes - RECORD_OVERHEAD_BYTES
+                source = f"topic max.message.bytes={topic_bytes} less {RECORD_OVERHEAD_BYTES} bytes of framing"
+            self._limits[topic] = (limit, source)
+        return self._limits[topic]
 
     def check_size(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Raise ``RecordTooLargeError`` naming the limit, before anything is sent."""
         size = len(value) + (len(key) if key else 0)
-        if size > self.max_record_bytes:
+        limit, source = self.record_limit(topic)
+        if size > limit:
             raise RecordTooLargeError(
-                f"record for topic {topic!r} is {size} bytes, over the bus limit of {self.max_record_bytes} bytes "
-                "(bus.max_record_bytes; for Kafka keep it below the broker's message.max.bytes)"
+                f"record for topic {topic!r} is {size} bytes, over the limit of {limit} bytes ({source})"
             )
 
     @abstractmethod

@@ -25,9 +25,10 @@ from confluent_kafka import (
 from confluent_kafka import Consumer as RawConsumer
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka import TopicPartition as RawTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from orchard.bus.base import (
+    TOPIC_MAX_BYTES,
     Bus,
     Consumer,
     Delivery,
@@ -198,6 +199,17 @@ class KafkaProducer(Producer):
         if partition is not None and not 0 <= partition < count:
             raise BusError(f"topic {topic!r} has {count} partitions, no partition {partition}")
 
+    def topic_max_bytes(self, topic: str) -> int | None:
+        """The topic's effective ``max.message.bytes`` (its own, else the broker's)."""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            entries = self.bus.admin.describe_configs([resource])[resource].result(timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("cannot read topic limits; using bus.max_record_bytes", topic=topic, error=str(exc))
+            return None
+        entry = entries.get(TOPIC_MAX_BYTES)
+        return int(entry.value) if entry is not None and entry.value is not None else None
+
     def produce(
         self,
         topic: str,
@@ -209,8 +221,8 @@ class KafkaProducer(Producer):
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Queue a record with librdkafka, waiting for queue space when it is full."""
-        self.check_size(topic, key, value)
         self._check_topic(topic, partition)
+        self.check_size(topic, key, value)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:

@@ -91,10 +91,20 @@ def test_oversized_record_is_refused_before_sending_with_the_limit_named(
     bus.create_topic(name, partitions=1)
     producer = bus.producer()
     limit = producer.max_record_bytes
-    with pytest.raises(RecordTooLargeError, match=str(limit)):
+    with pytest.raises(RecordTooLargeError, match=f"limit of {limit} bytes"):
         producer.produce(name, b"x" * (limit + 1))
     producer.flush()
     assert bus.describe_topic(name).end_offsets == {0: 0}
+
+
+def test_a_topics_own_size_limit_is_enforced_before_sending(bus: Bus, unique_name: Callable[[str], str]) -> None:
+    name = unique_name("small")
+    bus.create_topic(name, partitions=1, config={"max.message.bytes": "20000"})
+    producer = bus.producer()
+    with pytest.raises(RecordTooLargeError, match="limit of 19872 bytes .topic max.message.bytes=20000"):
+        producer.produce(name, b"x" * 19_873)
+    producer.send(name, b"x" * 19_872)
+    assert bus.describe_topic(name).end_offsets == {0: 1}
 
 
 def test_group_members_share_partitions_and_resume_from_commits(bus: Bus, unique_name: Callable[[str], str]) -> None:

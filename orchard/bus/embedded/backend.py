@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchard.bus.base import (
+    TOPIC_MAX_BYTES,
     Bus,
     Consumer,
     Delivery,
@@ -108,6 +109,10 @@ class EmbeddedBus(Bus):
             raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)") from exc
         return meta
 
+    def topic_config(self, name: str) -> dict[str, str]:
+        """The config the topic was created with."""
+        return dict(self._meta(name).get("config") or {})  # type: ignore[call-overload]
+
     def partitions(self, name: str) -> int:
         """Number of partitions of ``name`` (cached: partition counts never change)."""
         if name not in self._partitions:
@@ -197,6 +202,11 @@ class EmbeddedProducer(Producer):
         self._buffered_bytes = 0
         self._round_robin = itertools.count()
 
+    def topic_max_bytes(self, topic: str) -> int | None:
+        """The topic's ``max.message.bytes`` if it was created with one."""
+        value = self.bus.topic_config(topic).get(TOPIC_MAX_BYTES)
+        return int(value) if value is not None else None
+
     def _route(self, topic: str, key: bytes | None, partition: int | None) -> TopicPartition:
         count = self.bus.partitions(topic)
         if partition is None:
@@ -216,8 +226,8 @@ class EmbeddedProducer(Producer):
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Queue a record; it is appended by the next ``flush`` (or automatically past a few MiB)."""
-        self.check_size(topic, key, value)
         tp = self._route(topic, key, partition)
+        self.check_size(topic, key, value)
         record = PendingRecord(key, value, timestamp_ms if timestamp_ms is not None else now_ms())
         self._buffer.setdefault(tp, []).append((record, on_delivery))
         self._buffered_bytes += len(value)
@@ -275,8 +285,8 @@ class EmbeddedTransactionalProducer(TransactionalProducer, EmbeddedProducer):
         """Add a record to the open transaction."""
         if not self._in_transaction:
             raise TransactionError("produce on a transactional producer needs begin() first")
-        self.check_size(topic, key, value)
         tp = self._route(topic, key, partition)
+        self.check_size(topic, key, value)
         record = PendingRecord(key, value, timestamp_ms if timestamp_ms is not None else now_ms())
         self._buffer.setdefault(tp, []).append((record, on_delivery))
 
