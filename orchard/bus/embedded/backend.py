@@ -148,19 +148,27 @@ class EmbeddedBus(Bus):
                 segment_bytes=self.config.segment_bytes,
                 fsync=self._fsync,
                 verify_crc=self.config.verify_crc,
+                retention_ms=self._retention_ms(tp.topic),
             )
         return self._logs[tp]
+
+    def _retention_ms(self, topic: str) -> int | None:
+        own = self.topic_config(topic).get("retention.ms")
+        if own is not None:
+            return None if int(own) < 0 else int(own)  # -1 keeps everything, as in Kafka
+        return self.config.retention_ms
 
     def group_offsets(self, group: str) -> GroupOffsets:
         """Committed offsets of ``group``."""
         return GroupOffsets(self.root / "groups" / group, fsync=self._fsync)
 
     def enforce_retention(self) -> int:
-        """Apply ``retention_ms`` to every partition of every topic; return the number of segments deleted."""
+        """Apply retention (a topic's ``retention.ms``, else ``bus.retention_ms``) to every partition now; return
+        the number of segments deleted. Writers also apply it whenever a segment rolls."""
         deleted = 0
         for name in self.list_topics():
             for p in range(self.partitions(name)):
-                deleted += self.log_for(TopicPartition(name, p)).enforce_retention(self.config.retention_ms)
+                deleted += self.log_for(TopicPartition(name, p)).enforce_retention()
         return deleted
 
     # ---------------------------------------------------------------- clients

@@ -80,8 +80,17 @@ def write_pieces(fd: int, pieces: list[bytes]) -> None:
 class PartitionLog:
     """Appends to and reads from one partition directory; safe for several processes at once."""
 
-    def __init__(self, directory: Path, *, segment_bytes: int, fsync: bool, verify_crc: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int,
+        fsync: bool,
+        verify_crc: bool = False,
+        retention_ms: int | None = None,
+    ) -> None:
         self.directory = directory
+        self.retention_ms = retention_ms
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self.verify_crc = verify_crc
@@ -129,6 +138,9 @@ class PartitionLog:
         if log_end >= self.segment_bytes and entries:
             base, entries, log_end = base + entries, 0, 0
             log_path, index_path = self._paths(base)
+            if log_path.exists():  # frames of a writer that died mid-roll, before the new index existed
+                os.truncate(log_path, 0)
+            self._expire_locked()
         first = base + entries
         pieces: list[bytes] = []
         index: list[bytes] = []
@@ -245,21 +257,27 @@ class PartitionLog:
         return found
 
     # ---------------------------------------------------------------- retention
-    def enforce_retention(self, retention_ms: int | None, now_ms: int | None = None) -> int:
-        """Delete whole closed segments whose newest record is older than ``retention_ms``; return how many."""
-        if retention_ms is None:
-            return 0
-        cutoff = (now_ms if now_ms is not None else int(time.time() * 1000)) - retention_ms
-        deleted = 0
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole closed segments whose newest record is older than ``retention_ms``; return how many.
+
+        Runs by itself whenever a segment rolls; call it to apply retention to a partition no one writes to.
+        """
         with file_lock(self._lock_path):
-            bases = self._refresh_segments()
-            for base in bases[:-1]:  # the active segment is never deleted
-                log_path, index_path = self._paths(base)
-                data = index_path.read_bytes()
-                if data and INDEX_ENTRY.unpack_from(data, len(data) - INDEX_ENTRY.size)[1] >= cutoff:
-                    break
-                index_path.unlink()
-                log_path.unlink(missing_ok=True)
-                deleted += 1
+            return self._expire_locked(now_ms)
+
+    def _expire_locked(self, now_ms: int | None = None) -> int:
+        if self.retention_ms is None:
+            return 0
+        cutoff = (now_ms if now_ms is not None else int(time.time() * 1000)) - self.retention_ms
+        deleted = 0
+        bases = self._refresh_segments()
+        for base in bases[:-1]:  # the active segment is never deleted
+            log_path, index_path = self._paths(base)
+            data = index_path.read_bytes()
+            if data and INDEX_ENTRY.unpack_from(data, len(data) - INDEX_ENTRY.size)[1] >= cutoff:
+                break
+            index_path.unlink()
+            log_path.unlink(missing_ok=True)
+            deleted += 1
         self._refresh_segments()
         return deleted

@@ -208,3 +208,42 @@ def test_crc_check_catches_a_damaged_record_when_enabled(tmp_path: Path) -> None
         bus.consumer(["t"]).poll(max_records=1, timeout_s=0.1)
     unchecked = EmbeddedBus(EmbeddedBusConfig(path=tmp_path, verify_crc=False))
     assert len(unchecked.consumer(["t"]).poll(max_records=1, timeout_s=0.1)) == 1
+
+
+def test_orphan_segment_of_a_writer_that_died_mid_roll_is_discarded(tmp_path: Path) -> None:
+    from orchard.bus.embedded.log import PendingRecord, encode_frame
+
+    bus = EmbeddedBus(EmbeddedBusConfig(path=tmp_path, segment_bytes=4096))
+    bus.create_topic("t", partitions=1)
+    producer = bus.producer()
+    part = tmp_path / "topics" / "t" / "0"
+    while sorted(part.glob("*.log"))[-1].stat().st_size < 4096 if list(part.glob("*.log")) else True:
+        producer.send("t", b"filler" * 100, partition=0)  # until the next append must roll
+    next_base = bus.describe_topic("t").end_offsets[0]
+    ghost = tmp_path / "topics" / "t" / "0" / f"{next_base:020d}.log"
+    ghost.write_bytes(b"".join(encode_frame(next_base, PendingRecord(None, b"UNACKED-GHOST", 0))))  # no .idx yet
+
+    delivery = producer.send("t", b"acknowledged", partition=0)
+    assert delivery.offset == next_base
+    reader = bus.consumer(["t"])
+    reader.seek(TopicPartition("t", 0), next_base)
+    assert [r.value for r in reader.poll(max_records=10, timeout_s=0.1)] == [b"acknowledged"]
+    producer.send("t", b"next", partition=0)
+    assert read_all(bus)[-2:] == [b"acknowledged", b"next"]
+
+
+def test_retention_runs_by_itself_when_a_segment_rolls_and_honours_the_topic_setting(tmp_path: Path) -> None:
+    bus = EmbeddedBus(EmbeddedBusConfig(path=tmp_path, segment_bytes=4096))
+    bus.create_topic("short", partitions=1, config={"retention.ms": "60000"})
+    bus.create_topic("forever", partitions=1)
+    producer = bus.producer()
+    old = int(time.time() * 1000) - 3_600_000
+    for topic in ("short", "forever"):
+        for i in range(30):
+            producer.produce(topic, b"o" * 500, timestamp_ms=old + i)
+            producer.flush()
+        for _ in range(20):
+            producer.produce(topic, b"n" * 500)
+            producer.flush()
+    assert bus.describe_topic("short").start_offsets[0] > 0
+    assert bus.describe_topic("forever").start_offsets[0] == 0
