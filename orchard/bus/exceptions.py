@@ -31,5 +31,10 @@ class TransactionError(BusError):
     """A transaction could not be committed; nothing of it is visible."""
 
 
+class TransactionPendingError(BusError):
+    """A transaction is committed but could not be fully applied yet; it completes on the next open of the bus
+    (or with the next producer of the same transactional id). Do not retry it: that would write it twice."""
+
+
 class ConsumerClosedError(BusError):
     """The consumer was used after ``close()``."""

@@ -178,8 +178,10 @@ class EmbeddedBus(Bus):
 
     def transactional_producer(self, transactional_id: str) -> EmbeddedTransactionalProducer:
         """A transactional producer; first settles whatever a dead predecessor with this id left."""
-        self.transactions.settle(self.transactions.journal_path(transactional_id))
-        return EmbeddedTransactionalProducer(self, transactional_id)
+        if not TOPIC_NAME.match(transactional_id):
+            raise BusError(f"invalid transactional id {transactional_id!r}: use 1-249 of A-Z a-z 0-9 . _ -")
+        epoch = self.transactions.register_producer(transactional_id)
+        return EmbeddedTransactionalProducer(self, transactional_id, epoch)
 
     def consumer(
         self,
@@ -234,32 +236,67 @@ class EmbeddedProducer(Producer):
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         """Queue a record; it is appended by the next ``flush`` (or automatically past a few MiB)."""
+        self._enqueue(topic, value, key, partition, timestamp_ms, on_delivery)
+        if self._buffered_bytes >= AUTO_FLUSH_BYTES:
+            self.flush()
+
+    def _enqueue(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        partition: int | None,
+        timestamp_ms: int | None,
+        on_delivery: DeliveryCallback | None,
+    ) -> None:
         tp = self._route(topic, key, partition)
         self.check_size(topic, key, value)
         record = PendingRecord(key, value, timestamp_ms if timestamp_ms is not None else now_ms())
         self._buffer.setdefault(tp, []).append((record, on_delivery))
         self._buffered_bytes += len(value)
-        if self._buffered_bytes >= AUTO_FLUSH_BYTES:
-            self.flush()
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Append every buffered record; callbacks get their offsets; raise ``DeliveryError`` on failure."""
-        buffer, self._buffer, self._buffered_bytes = self._buffer, {}, 0
+        """Append every buffered record, then report deliveries; raise ``DeliveryError`` for failed appends.
+
+        Every partition is written before any callback runs, so a raising callback cannot keep records from
+        being written; its exception is re-raised once all callbacks ran.
+        """
+        pending = list(self._buffer.items())
+        self._buffer, self._buffered_bytes = {}, 0
+        reports: list[tuple[DeliveryCallback, Delivery]] = []
         failures: list[str] = []
-        for tp, items in buffer.items():
+        for i, (tp, items) in enumerate(pending):
             try:
                 first = self.bus.log_for(tp).append([record for record, _ in items])
             except OSError as exc:
                 failures.append(f"{tp.topic}[{tp.partition}]: {exc}")
-                for _, callback in items:
-                    if callback:
-                        callback(Delivery(tp.topic, tp.partition, -1, str(exc)))
+                reports += [(cb, Delivery(tp.topic, tp.partition, -1, str(exc))) for _, cb in items if cb]
                 continue
-            for i, (_, callback) in enumerate(items):
-                if callback:
-                    callback(Delivery(tp.topic, tp.partition, first + i))
+            except BaseException:
+                self._requeue(pending[i:])  # nothing unwritten is dropped silently
+                raise
+            reports += [(cb, Delivery(tp.topic, tp.partition, first + j)) for j, (_, cb) in enumerate(items) if cb]
+        self._report(reports)
         if failures:
             raise DeliveryError("records were not written: " + "; ".join(failures))
+
+    def _requeue(
+        self, pending: list[tuple[TopicPartition, list[tuple[PendingRecord, DeliveryCallback | None]]]]
+    ) -> None:
+        for tp, items in pending:
+            self._buffer.setdefault(tp, []).extend(items)
+            self._buffered_bytes += sum(len(record.value) for record, _ in items)
+
+    @staticmethod
+    def _report(reports: list[tuple[DeliveryCallback, Delivery]]) -> None:
+        first_error: BaseException | None = None
+        for callback, delivery in reports:
+            try:
+                callback(delivery)
+            except Exception as exc:  # noqa: BLE001 - every callback runs; the first error is re-raised below
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
 
     def close(self) -> None:
         """Flush what is buffered."""
@@ -269,9 +306,10 @@ class EmbeddedProducer(Producer):
 class EmbeddedTransactionalProducer(TransactionalProducer, EmbeddedProducer):
     """Buffers a transaction's records and commits them with the consumer's offsets through a journal."""
 
-    def __init__(self, bus: EmbeddedBus, transactional_id: str) -> None:
+    def __init__(self, bus: EmbeddedBus, transactional_id: str, epoch: int) -> None:
         EmbeddedProducer.__init__(self, bus)
         self.transactional_id = transactional_id
+        self.epoch = epoch
         self._in_transaction = False
 
     def begin(self) -> None:
@@ -293,38 +331,42 @@ class EmbeddedTransactionalProducer(TransactionalProducer, EmbeddedProducer):
         """Add a record to the open transaction."""
         if not self._in_transaction:
             raise TransactionError("produce on a transactional producer needs begin() first")
-        tp = self._route(topic, key, partition)
-        self.check_size(topic, key, value)
-        record = PendingRecord(key, value, timestamp_ms if timestamp_ms is not None else now_ms())
-        self._buffer.setdefault(tp, []).append((record, on_delivery))
+        self._enqueue(topic, value, key, partition, timestamp_ms, on_delivery)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Nothing to do: a transaction's records are written by ``commit``."""
 
+    def send(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int | None = None) -> Delivery:
+        """Not available: a transactional producer writes through ``begin``/``produce``/``commit``."""
+        raise TransactionError("a transactional producer writes through begin(), produce() and commit()")
+
     def commit(self, consumer: Consumer | None = None) -> None:
-        """Write the transaction's records and ``consumer``'s positions atomically."""
+        """Write the transaction's records and ``consumer``'s positions atomically.
+
+        If the consumer lost a partition to another group member meanwhile, the transaction is aborted (nothing
+        visible) and the consumer goes back to its committed offsets, as a fenced Kafka transaction would.
+        """
         if not self._in_transaction:
             raise TransactionError("commit without begin()")
-        group, offsets = None, {}
+        group, offsets, guard = None, {}, None
         if consumer is not None:
             if not isinstance(consumer, EmbeddedConsumer) or consumer.bus.root != self.bus.root:
                 raise TransactionError("the consumer must belong to the same embedded bus")
-            group, offsets = consumer.group, consumer.position()
-        buffer, self._buffer = self._buffer, {}
+            group, offsets, guard = consumer.group, consumer.position(), consumer.ensure_owner
+        buffer, self._buffer, self._buffered_bytes = self._buffer, {}, 0
         records = {tp: [record for record, _ in items] for tp, items in buffer.items()}
         try:
-            self.bus.transactions.commit(self.transactional_id, records, group, offsets)
-        except OSError as exc:
+            self.bus.transactions.commit(self.transactional_id, self.epoch, records, group, offsets, guard)
+        except TransactionError:
+            if consumer is not None:
+                consumer.rewind_to_committed()
+            raise
+        finally:
             self._in_transaction = False
-            raise TransactionError(f"transaction {self.transactional_id!r} failed: {exc}") from exc
-        self._in_transaction = False
-        self._confirm(buffer)
-
-    def _confirm(self, buffer: dict[TopicPartition, list[tuple[PendingRecord, DeliveryCallback | None]]]) -> None:
-        for tp, items in buffer.items():
-            for _, callback in items:
-                if callback:  # offsets inside a committed transaction are not tracked individually
-                    callback(Delivery(tp.topic, tp.partition, -1))
+        # offsets inside a committed transaction are not tracked individually
+        self._report(
+            [(cb, Delivery(tp.topic, tp.partition, -1)) for tp, items in buffer.items() for _, cb in items if cb]
+        )
 
     def abort(self) -> None:
         """Drop the open transaction's records."""
@@ -430,11 +472,27 @@ class EmbeddedConsumer(Consumer):
         return out
 
     def commit(self) -> None:
-        """Commit the positions of the assigned partitions."""
+        """Commit the positions of the partitions this member still owns (a lost one is its new owner's)."""
         self._check_open()
         if self._offsets is None:
             raise BusError("commit needs a consumer group")
+        self._rebalance(force=True)
         self._offsets.commit(dict(self._positions))
+
+    def ensure_owner(self) -> None:
+        """Raise ``TransactionError`` if another member has taken any of this consumer's partitions."""
+        if self._membership is None:
+            return
+        self._membership.heartbeat(force=True)
+        owned = set(self._membership.assignment(self._all_partitions()))
+        lost = sorted(set(self._positions) - owned)
+        if lost:
+            raise TransactionError(f"partitions {lost} were reassigned to another member; transaction aborted")
+
+    def rewind_to_committed(self) -> None:
+        """Forget uncommitted progress: every partition goes back to its committed (or initial) offset."""
+        self._positions = {}
+        self._rebalance(force=True)
 
     def position(self) -> dict[TopicPartition, int]:
         """Next offsets to read."""

@@ -22,6 +22,7 @@ from orchard.bus.base import TopicPartition
 from orchard.bus.embedded.groups import GroupOffsets
 from orchard.bus.embedded.locks import file_lock, write_atomic
 from orchard.bus.embedded.log import PartitionLog, PendingRecord
+from orchard.bus.exceptions import TransactionError, TransactionPendingError
 
 MAGIC = b"OTX1"
 LENGTH = struct.Struct("<I")
@@ -102,27 +103,77 @@ class TransactionCoordinator:
         self._offsets_for = offsets_for
         self._fsync = fsync
 
-    def journal_path(self, transactional_id: str) -> Path:
-        """Where the journal of ``transactional_id`` lives while it is being applied."""
-        return self.directory / f"{transactional_id}.journal"
+    def journal_path(self, transactional_id: str, tag: int) -> Path:
+        """Where one transaction's journal lives while it is being applied."""
+        return self.directory / f"{transactional_id}.{tag:016x}.journal"
+
+    def _id_lock(self, transactional_id: str) -> Path:
+        return self.directory / f"{transactional_id}.lock"
+
+    def _epoch_path(self, transactional_id: str) -> Path:
+        return self.directory / f"{transactional_id}.epoch"
+
+    def current_epoch(self, transactional_id: str) -> int:
+        """The epoch of the newest producer with this id (0 if none was ever made)."""
+        try:
+            return int(self._epoch_path(transactional_id).read_text())
+        except FileNotFoundError:
+            return 0
+
+    def register_producer(self, transactional_id: str) -> int:
+        """Settle what a predecessor with this id left, then fence it: return the new producer's epoch."""
+        for path in sorted(self.directory.glob(f"{transactional_id}.*.journal")):
+            self.settle(path)
+        with file_lock(self._id_lock(transactional_id)):
+            epoch = self.current_epoch(transactional_id) + 1
+            write_atomic(self._epoch_path(transactional_id), str(epoch).encode(), fsync=self._fsync)
+        return epoch
 
     def commit(
         self,
         transactional_id: str,
+        epoch: int,
         records: dict[TopicPartition, list[PendingRecord]],
         group: str | None,
         offsets: dict[TopicPartition, int],
+        guard: Callable[[], None] | None = None,
     ) -> None:
-        """Make ``records`` and ``offsets`` visible together."""
+        """Make ``records`` and ``offsets`` visible together.
+
+        ``guard`` runs once every lock is held and may raise to abort (the consumer checks it still owns its
+        partitions). ``TransactionError``: nothing is visible. ``TransactionPendingError``: the transaction is
+        committed but not yet fully applied; whoever opens the bus next, or the next producer with this id,
+        completes it.
+        """
         tag = new_tag()
         tagged = {tp: [PendingRecord(r.key, r.value, r.timestamp_ms, tag) for r in rs] for tp, rs in records.items()}
-        with self._locked(tagged, group):
+        with self._locked(transactional_id, tagged, group):
+            if self.current_epoch(transactional_id) != epoch:
+                raise TransactionError(f"producer {transactional_id!r} was fenced by a newer one with the same id")
+            if guard is not None:
+                guard()
             starts = {tp: self._log_for(tp).end_offset() for tp in tagged}
             journal = Journal(tag, group, offsets, tagged, starts)
-            path = self.journal_path(transactional_id)
-            write_atomic(path, journal.encode(), fsync=self._fsync)
+            path = self.journal_path(transactional_id, tag)
+            try:
+                write_atomic(path, journal.encode(), fsync=self._fsync)
+            except OSError as exc:
+                path.unlink(missing_ok=True)
+                raise TransactionError(f"transaction {transactional_id!r} not committed: {exc}") from exc
+            self._apply_or_leave_pending(journal, path)
+
+    def _apply_or_leave_pending(self, journal: Journal, path: Path) -> None:
+        try:
             self._apply(journal, settling=False)
-            path.unlink()
+        except OSError:
+            try:  # once more, idempotently: a transient error (disk briefly full) should not leave it pending
+                self._apply(journal, settling=True)
+            except OSError as exc:
+                raise TransactionPendingError(
+                    f"transaction committed (journal {path.name}) but not yet applied: {exc}; it is completed by "
+                    "the next open of the bus or the next producer with the same id"
+                ) from exc
+        path.unlink()
 
     def settle(self, path: Path) -> bool:
         """Finish the journal at ``path`` left by a dead process; return whether there was one to finish."""
@@ -130,7 +181,8 @@ class TransactionCoordinator:
             journal = Journal.decode(path.read_bytes())
         except FileNotFoundError:
             return False
-        with self._locked(journal.records, journal.group):
+        transactional_id = path.name.rsplit(".", 2)[0]
+        with self._locked(transactional_id, journal.records, journal.group):
             if not path.exists():  # its owner was alive and finished it while we waited for the locks
                 return False
             self._apply(journal, settling=True)
@@ -141,8 +193,11 @@ class TransactionCoordinator:
         """Settle every pending journal; return how many were settled."""
         return sum(self.settle(path) for path in sorted(self.directory.glob("*.journal")))
 
-    def _locked(self, records: dict[TopicPartition, list[PendingRecord]], group: str | None) -> ExitStack:
+    def _locked(
+        self, transactional_id: str, records: dict[TopicPartition, list[PendingRecord]], group: str | None
+    ) -> ExitStack:
         stack = ExitStack()
+        stack.enter_context(file_lock(self._id_lock(transactional_id)))
         for tp in sorted(records):  # one global order, so two transactions never deadlock
             stack.enter_context(file_lock(self._log_for(tp).directory / "lock"))
         if group is not None:
