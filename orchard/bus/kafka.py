@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
+    OFFSET_STORED,
     KafkaError,
     KafkaException,
     Message,
@@ -57,6 +59,17 @@ log = get_logger("bus.kafka")
 librdkafka_logger = logging.getLogger("orchard.bus.librdkafka")
 METADATA_TIMEOUT_S = 10.0
 REQUEST_OVERHEAD_BYTES = 64 * 1024
+
+
+@contextmanager
+def kafka_errors(doing: str) -> Iterator[None]:
+    """Re-raise librdkafka's errors as ``BusError`` naming what was being done."""
+    try:
+        yield
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        detail = error.str() if isinstance(error, KafkaError) else str(exc)
+        raise BusError(f"Kafka error while {doing}: {detail}") from exc
 
 
 class KafkaBus(Bus):
@@ -114,12 +127,14 @@ class KafkaBus(Bus):
 
     def list_topics(self) -> list[str]:
         """User topics (Kafka's internal ``__`` topics left out), sorted."""
-        topics = self.admin.list_topics(timeout=METADATA_TIMEOUT_S).topics
+        with kafka_errors("listing topics"):
+            topics = self.admin.list_topics(timeout=METADATA_TIMEOUT_S).topics
         return sorted(name for name in topics if not name.startswith("__"))
 
     def partitions(self, name: str) -> int:
         """Number of partitions of ``name``; ``TopicNotFoundError`` if absent."""
-        topic = self.admin.list_topics(topic=name, timeout=METADATA_TIMEOUT_S).topics.get(name)
+        with kafka_errors(f"reading metadata of {name!r}"):
+            topic = self.admin.list_topics(topic=name, timeout=METADATA_TIMEOUT_S).topics.get(name)
         if topic is None or topic.error is not None:
             raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)")
         return len(topic.partitions)
@@ -127,15 +142,28 @@ class KafkaBus(Bus):
     def describe_topic(self, name: str) -> TopicInfo:
         """Partitions with their low and high watermarks."""
         count = self.partitions(name)
-        if self._watermarks is None:
-            self._watermarks = RawConsumer({**self.common, "group.id": "orchard-watermarks"})
         starts, ends = {}, {}
         for p in range(count):
-            low, high = self._watermarks.get_watermark_offsets(
-                RawTopicPartition(name, p), timeout=METADATA_TIMEOUT_S, cached=False
-            )
-            starts[p], ends[p] = low, high
+            starts[p], ends[p] = self._watermarks_of(RawTopicPartition(name, p))
         return TopicInfo(name=name, partitions=count, start_offsets=starts, end_offsets=ends)
+
+    def _watermarks_of(self, part: RawTopicPartition) -> tuple[int, int]:
+        """Low and high watermark, retrying while a new topic's leadership settles."""
+        if self._watermarks is None:
+            self._watermarks = RawConsumer({**self.common, "group.id": "orchard-watermarks"})
+        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        while True:
+            try:
+                low, high = self._watermarks.get_watermark_offsets(part, timeout=METADATA_TIMEOUT_S, cached=False)
+                return int(low), int(high)
+            except KafkaException as exc:
+                # A new topic's leader may not be known to the broker answering yet (NOT_LEADER_FOR_PARTITION is
+                # not flagged retriable by librdkafka), so every error is retried until the deadline.
+                if time.monotonic() > deadline:
+                    raise BusError(
+                        f"cannot read offsets of {part.topic}[{part.partition}]: {exc.args[0].str()}"
+                    ) from exc
+                time.sleep(0.1)
 
     # ---------------------------------------------------------------- clients
     def _producer_conf(self) -> dict[str, Any]:
@@ -146,7 +174,6 @@ class KafkaBus(Bus):
             "linger.ms": 5,
             "partitioner": "murmur2_random",
             "message.max.bytes": self.config.max_record_bytes + REQUEST_OVERHEAD_BYTES,
-            **self.config.client_options,
         }
 
     def producer(self) -> KafkaProducer:
@@ -269,7 +296,8 @@ class KafkaTransactionalProducer(TransactionalProducer, KafkaProducer):
 
     def begin(self) -> None:
         """Begin a Kafka transaction."""
-        self.raw.begin_transaction()
+        with kafka_errors("beginning a transaction"):
+            self.raw.begin_transaction()
         self._open = True
 
     def commit(self, consumer: Consumer | None = None) -> None:
@@ -290,6 +318,10 @@ class KafkaTransactionalProducer(TransactionalProducer, KafkaProducer):
         finally:
             self._failures = []
         self._open = False
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int | None = None) -> Delivery:
+        """Not available: a transactional producer writes through ``begin``/``produce``/``commit``."""
+        raise TransactionError("a transactional producer writes through begin(), produce() and commit()")
 
     def _commit_with_retries(self) -> None:
         for _ in range(5):
@@ -312,8 +344,9 @@ class KafkaTransactionalProducer(TransactionalProducer, KafkaProducer):
     def abort(self) -> None:
         """Abort the open transaction."""
         if self._open:
-            self.raw.abort_transaction(self.bus.config.connect_timeout_s)
             self._open = False
+            with kafka_errors("aborting a transaction"):
+                self.raw.abort_transaction(self.bus.config.connect_timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Records of a transaction are flushed by ``commit``; outside one this flushes as usual."""
@@ -389,12 +422,6 @@ class KafkaConsumer(Consumer):
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
         return out
 
-    @staticmethod
-    def _handle_error(error: KafkaError) -> None:
-        if error.fatal():
-            raise BusError(f"fatal consumer error: {error.str()}")
-        log.warning("consumer error", error=error.str())
-
     def commit(self) -> None:
         """Commit the positions of what ``poll`` returned (synchronously)."""
         if self.group is None:
@@ -408,7 +435,8 @@ class KafkaConsumer(Consumer):
     def position(self) -> dict[TopicPartition, int]:
         """Next offsets, for partitions that have one."""
         raw = self._consumer()
-        parts = raw.position(raw.assignment())
+        with kafka_errors("reading positions"):
+            parts = raw.position(raw.assignment())
         return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
     def committed(self) -> dict[TopicPartition, int]:
@@ -416,7 +444,8 @@ class KafkaConsumer(Consumer):
         if self.group is None:
             return {}
         raw = self._consumer()
-        parts = raw.committed(raw.assignment(), timeout=METADATA_TIMEOUT_S)
+        with kafka_errors("reading committed offsets"):
+            parts = raw.committed(raw.assignment(), timeout=METADATA_TIMEOUT_S)
         return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
     def assignment(self) -> list[TopicPartition]:
@@ -436,25 +465,45 @@ class KafkaConsumer(Consumer):
         if tp not in self.assignment():
             self._pending_seeks[tp] = offset
             return
-        for _ in range(50):  # a partition accepts seeks only once its fetcher has started
-            try:
-                raw.seek(RawTopicPartition(tp.topic, tp.partition, offset))
-                return
-            except KafkaException:
-                raw.poll(0.05)
-        raise BusError(f"could not seek {tp.topic}[{tp.partition}] to {offset}")
+        try:
+            raw.seek(RawTopicPartition(tp.topic, tp.partition, offset))
+        except KafkaException:
+            # The partition's fetcher has not started yet, so it takes no seek: assign it again with this start
+            # offset (never poll here: a message polled and dropped would have its offset stored and committed).
+            current = self.position()
+            with kafka_errors(f"seeking {tp.topic}[{tp.partition}]"):
+                raw.assign(
+                    [
+                        RawTopicPartition(
+                            p.topic,
+                            p.partition,
+                            self._start_for(TopicPartition(p.topic, p.partition), tp, offset, current),
+                        )
+                        for p in raw.assignment()
+                    ]
+                )
+
+    @staticmethod
+    def _start_for(
+        part: TopicPartition, sought: TopicPartition, offset: int, current: dict[TopicPartition, int]
+    ) -> int:
+        if part == sought:
+            return offset
+        return current.get(part, OFFSET_STORED)
 
     def seek_to_timestamp(self, timestamp_ms: int) -> dict[TopicPartition, int]:
         """Seek each assigned partition to the first record at or after ``timestamp_ms`` (else to its end)."""
         raw = self._consumer()
         query = [RawTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in self.assignment()]
-        found = raw.offsets_for_times(query, timeout=METADATA_TIMEOUT_S) if query else []
+        with kafka_errors("looking up offsets by time"):
+            found = raw.offsets_for_times(query, timeout=METADATA_TIMEOUT_S) if query else []
         result: dict[TopicPartition, int] = {}
         for part in found:
             tp = TopicPartition(part.topic, part.partition)
             offset = part.offset
             if offset < 0:
-                offset = raw.get_watermark_offsets(part, timeout=METADATA_TIMEOUT_S, cached=False)[1]
+                with kafka_errors("reading the end offset"):
+                    offset = raw.get_watermark_offsets(part, timeout=METADATA_TIMEOUT_S, cached=False)[1]
             result[tp] = offset
             self.seek(tp, offset)
         return result

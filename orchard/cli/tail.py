@@ -73,9 +73,10 @@ def tail(
     try:
         ends = bus.describe_topic(topic).end_offsets
         _position(consumer, topic, ends, from_offset, from_time, partition)
-        printed = 0
+        printed, idle_polls = 0, 0
         while max_records is None or printed < max_records:
             batch = consumer.poll(max_records=500, timeout_s=0.5)
+            idle_polls = 0 if batch else idle_polls + 1
             for record in batch:
                 if partition is not None and record.partition != partition:
                     continue
@@ -84,7 +85,9 @@ def tail(
                 if max_records is not None and printed >= max_records:
                     break
             sys.stdout.flush()
-            if not follow and _reached(consumer.position(), ends, partition):
+            # Transaction markers take offsets no record has, so positions may stop short of the end offsets:
+            # two empty polls in a row also mean the end.
+            if not follow and (_reached(consumer.position(), ends, partition) or idle_polls >= 2):
                 break
     except KeyboardInterrupt:
         pass

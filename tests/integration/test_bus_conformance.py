@@ -223,3 +223,19 @@ def test_worker_killed_mid_batch_resumes_without_loss(
     assert set(values) == expected
     if mode == "transactional":
         assert sorted(values) == sorted(expected)
+
+
+def test_a_group_member_seeks_within_its_assignment(bus: Bus, unique_name: Callable[[str], str]) -> None:
+    name, group = unique_name("gseek"), unique_name("group")
+    bus.create_topic(name, partitions=1)
+    producer = bus.producer()
+    for i in range(8):
+        producer.produce(name, f"m{i}".encode())
+    producer.flush()
+    member = bus.consumer([name], group)
+    assert [r.value for r in drain(member, 8)][:2] == [b"m0", b"m1"]
+    member.seek(TopicPartition(name, 0), 5)
+    assert [r.value for r in drain(member, 3)] == [b"m5", b"m6", b"m7"]
+    member.commit()
+    assert member.committed() == {TopicPartition(name, 0): 8}
+    member.close()
