@@ -8,6 +8,7 @@ download that verifies every sha256.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -115,8 +116,7 @@ def run_demo(config: OrchardConfig, calls: int = 30, console: Console | None = N
         producer.flush()
         version = _publish_weights(config, store, producer)
         rebuilt, status = _replay(bus, codec, episode_id, starts, script)
-        with tempfile.TemporaryDirectory() as tmp:
-            store.download_version(policy_artifact_name(config.run_id, DEMO_MODEL), version, Path(tmp), verify=True)
+        verified = _verify_download(store, config.run_id, version)
         return DemoReport(
             episode_id=episode_id,
             calls=calls,
@@ -125,7 +125,7 @@ def run_demo(config: OrchardConfig, calls: int = 30, console: Console | None = N
             prompts_rebuilt=rebuilt,
             outcome_status=status,
             policy_version=version,
-            weights_verified=True,
+            weights_verified=verified,
         )
     finally:
         bus.close()
@@ -142,6 +142,16 @@ def _publish_weights(config: OrchardConfig, store: Any, producer: Any) -> int:
             files={"weights.bin": weights}, trainer_step=version * 100, metrics={"loss": 1.0 / version},
         )  # fmt: skip
     return version
+
+
+def _verify_download(store: Any, run_id: str, version: int) -> bool:
+    """Download the version and hash every file ourselves against the manifest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = store.download_version(policy_artifact_name(run_id, DEMO_MODEL), version, Path(tmp), verify=True)
+        return all(
+            hashlib.sha256((Path(tmp) / entry.path).read_bytes()).hexdigest() == entry.sha256
+            for entry in manifest.files
+        )
 
 
 def _replay(

@@ -7,23 +7,18 @@ delta needs on the consumer side (a call's base is always an earlier call of the
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from orchard.bus import Producer
+from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.prefix_delta import PrefixDeltaEncoder, assistant_message
 from orchard.topics import MODEL_CALLS, OUTCOMES
 
 EpisodeStatus = Literal["SUCCEEDED", "FAILED", "TIMED_OUT", "CRASHED", "CANCELLED"]
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds."""
-    return time.time_ns() // 1_000_000
 
 
 class EpisodeRecorder:
@@ -47,7 +42,8 @@ class EpisodeRecorder:
         self.identity = {"run_id": run_id, "episode_id": episode_id, "task_id": task_id}
         self.harness, self.model = harness, model
         self.topics = (model_calls_topic, outcomes_topic)
-        self.calls = 0
+        self.calls = 0  # indices handed out (a failed publish uses one up)
+        self.published_calls = 0
         self.bytes_published = 0
         self.started_at = now_ms()
         self._encoder = PrefixDeltaEncoder()
@@ -96,8 +92,14 @@ class EpisodeRecorder:
             "latency_ms": latency_ms,
             "timestamp": now_ms(),
         }
-        self._publish(self.topics[0], self.codec.encode("ModelCall", record))
-        self.calls += 1
+        self.calls += 1  # the index is used up even if publishing fails, so indices never repeat
+        try:
+            self._publish(self.topics[0], self.codec.encode("ModelCall", record))
+            self.published_calls += 1
+        except Exception:
+            # Later calls must not build on a call that never reached the bus: start the deltas afresh.
+            self._encoder = PrefixDeltaEncoder()
+            raise
         return index
 
     def record_outcome(
@@ -119,7 +121,7 @@ class EpisodeRecorder:
             "reward": reward,
             "success": status == "SUCCEEDED",
             "signals": dict(signals or {}),
-            "num_model_calls": self.calls,
+            "num_model_calls": self.published_calls,
             "artifact_uris": list(artifact_uris),
             "policy_version": policy_version,
             "started_at": self.started_at,

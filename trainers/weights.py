@@ -7,12 +7,12 @@ version; the record carries the sha256 of the manifest document, which lists eve
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from orchard.bus import Producer
+from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.store import ArtifactStore, Manifest
 from orchard.store.versions import manifest_key
@@ -49,7 +49,7 @@ def publish_policy_version(
         "sha256": hashlib.sha256(store.get_bytes(key)).hexdigest(),
         "trainer_step": trainer_step,
         "metrics": dict(metrics or {}),
-        "created_at": time.time_ns() // 1_000_000,
+        "created_at": now_ms(),
     }
     producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
     return manifest, record

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
-
 from orchard.bus.base import Producer, Record
+from orchard.clock import now_ms
 from orchard.codec import Codec, DecodedRecord
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.topics import DEAD_LETTERS
 
 log = get_logger("bus.dead_letter")
+LETTER_OVERHEAD_BYTES = 4096  # room for the letter's other fields: topic, key, reason, group
 
 
 class DeadLetterRouter:
@@ -44,9 +44,18 @@ class DeadLetterRouter:
         return decoded
 
     def send(self, record: Record, reason: str, error_type: str) -> None:
-        """Publish a ``DeadLetter`` for ``record`` (delivered with the producer's next flush)."""
+        """Publish a ``DeadLetter`` for ``record``; call ``flush`` before committing the source offsets.
+
+        An original too large to fit in a letter is cut to fit (the reason says so), so a poison record close to
+        the size limit can never block its consumer.
+        """
+        room = self.producer.record_limit(self.topic)[0] - LETTER_OVERHEAD_BYTES - len(reason)
+        original = record.value
+        if len(original) > room:
+            reason = f"{reason} [original cut from {len(original)} to {max(room, 0)} bytes to fit the letter]"
+            original = original[: max(room, 0)]
         letter = {
-            "original": record.value,
+            "original": original,
             "source_topic": record.topic,
             "source_partition": record.partition,
             "source_offset": record.offset,
@@ -54,9 +63,10 @@ class DeadLetterRouter:
             "reason": reason,
             "error_type": error_type,
             "consumer_group": self.consumer_group,
-            "timestamp": int(time.time() * 1000),
+            "timestamp": now_ms(),
         }
-        self.producer.produce(self.topic, self.codec.encode("DeadLetter", letter), key=record.key)
+        key = record.key if record.key is None or len(record.key) < 1024 else record.key[:1024]
+        self.producer.produce(self.topic, self.codec.encode("DeadLetter", letter), key=key)
         self.dead_lettered += 1
         log.warning(
             "dead-lettered record",
@@ -66,3 +76,7 @@ class DeadLetterRouter:
             error_type=error_type,
             reason=reason[:200],
         )
+
+    def flush(self) -> None:
+        """Wait until every letter sent so far is acknowledged (before the source offsets are committed)."""
+        self.producer.flush()

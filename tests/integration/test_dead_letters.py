@@ -87,3 +87,22 @@ def test_poison_records_are_dead_lettered_and_the_consumer_carries_on(
     assert [letter["source_offset"] for letter in letters] == [1, 2, 3, 4]
     assert all(letter["reason"] and letter["consumer_group"] == "assembler" for letter in letters)
     assert "fingerprint 3412000000000000" in letters[1]["reason"]
+
+
+def test_a_poison_record_at_the_size_limit_still_fits_in_a_cut_letter(
+    bus: Bus, unique_name: Callable[[str], str]
+) -> None:
+    codec = Codec.default()
+    source, dead = unique_name("big"), unique_name("dead")
+    bus.create_topic(source, partitions=1)
+    bus.create_topic(dead, partitions=1, config={"max.message.bytes": "50000"})
+    poison = b"\x00" * 48_000
+    bus.producer().send(source, poison)
+    router = DeadLetterRouter(bus.producer(), codec, topic=dead)
+    [record] = bus.consumer([source]).poll(max_records=1, timeout_s=5.0)
+    assert router.decode(record) is None
+    router.flush()
+    [letter] = [codec.decode(r.value).record for r in bus.consumer([dead]).poll(max_records=1, timeout_s=5.0)]
+    assert letter["original"] == poison[: len(letter["original"])]
+    assert 0 < len(letter["original"]) < len(poison)
+    assert f"original cut from {len(poison)} to {len(letter['original'])} bytes" in letter["reason"]

@@ -39,6 +39,7 @@ from orchard.bus.exceptions import (
     TopicNotFoundError,
     TransactionError,
 )
+from orchard.clock import now_ms
 from orchard.config import EmbeddedBusConfig
 from orchard.logging import get_logger
 
@@ -48,11 +49,6 @@ POLL_SLEEP_S = 0.01
 REBALANCE_INTERVAL_S = 0.2
 
 log = get_logger("bus.embedded")
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds, the timestamp of records produced without one."""
-    return time.time_ns() // 1_000_000
 
 
 class EmbeddedBus(Bus):

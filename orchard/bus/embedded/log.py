@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from orchard import clock
 from orchard.bus.embedded.locks import file_lock
 from orchard.bus.exceptions import BusError
 
@@ -268,7 +268,7 @@ class PartitionLog:
     def _expire_locked(self, now_ms: int | None = None) -> int:
         if self.retention_ms is None:
             return 0
-        cutoff = (now_ms if now_ms is not None else int(time.time() * 1000)) - self.retention_ms
+        cutoff = (now_ms if now_ms is not None else clock.now_ms()) - self.retention_ms
         deleted = 0
         bases = self._refresh_segments()
         for base in bases[:-1]:  # the active segment is never deleted
