@@ -112,9 +112,13 @@ def test_three_broker_cluster_replicates_and_survives_one_node(
     kafka = dedicated_kafka(brokers=3)
     topic = unique_name("replicated")
     _create_topic(kafka.bootstrap, topic, partitions=3, replication=3, **{"min.insync.replicas": "2"})
-    metadata = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(topic, timeout=10)
-    replicas = {p.id: (sorted(p.replicas), sorted(p.isrs)) for p in metadata.topics[topic].partitions.values()}
-    assert replicas == {partition: ([1, 2, 3], [1, 2, 3]) for partition in range(3)}
+    expected = {partition: ([1, 2, 3], [1, 2, 3]) for partition in range(3)}
+    admin, replicas, deadline = AdminClient({"bootstrap.servers": kafka.bootstrap}), {}, time.monotonic() + 30
+    while replicas != expected and time.monotonic() < deadline:  # metadata reaches every broker a moment later
+        metadata = admin.list_topics(topic, timeout=10)
+        replicas = {p.id: (sorted(p.replicas), sorted(p.isrs)) for p in metadata.topics[topic].partitions.values()}
+        time.sleep(0.2)
+    assert replicas == expected
 
     group = unique_name("group")
     _produce(kafka.bootstrap, topic, [b"a", b"b", b"c"])
