@@ -17,8 +17,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
     OFFSET_STORED,
     KafkaError,
     KafkaException,
@@ -144,10 +142,10 @@ class KafkaBus(Bus):
         count = self.partitions(name)
         starts, ends = {}, {}
         for p in range(count):
-            starts[p], ends[p] = self._watermarks_of(RawTopicPartition(name, p))
+            starts[p], ends[p] = self.watermarks(RawTopicPartition(name, p))
         return TopicInfo(name=name, partitions=count, start_offsets=starts, end_offsets=ends)
 
-    def _watermarks_of(self, part: RawTopicPartition) -> tuple[int, int]:
+    def watermarks(self, part: RawTopicPartition) -> tuple[int, int]:
         """Low and high watermark, retrying while a new topic's leadership settles."""
         if self._watermarks is None:
             self._watermarks = RawConsumer({**self.common, "group.id": "orchard-watermarks"})
@@ -381,8 +379,14 @@ class KafkaConsumer(Consumer):
         self.raw: RawConsumer | None = RawConsumer(conf)
         self._manual: dict[TopicPartition, int] = {}
         if group is None:
-            initial = OFFSET_BEGINNING if start == "earliest" else OFFSET_END
-            self._manual = {TopicPartition(t, p): initial for t in topics for p in range(bus.partitions(t))}
+            # Concrete start offsets, not OFFSET_BEGINNING/END: librdkafka fetched ~6x slower from a logical
+            # offset in our measurements (6.7k vs 40k records/s of 34 KB on one broker).
+            side = 0 if start == "earliest" else 1
+            self._manual = {
+                TopicPartition(t, p): bus.watermarks(RawTopicPartition(t, p))[side]
+                for t in topics
+                for p in range(bus.partitions(t))
+            }
             self._assign_manual()
         else:
             self.raw.subscribe(topics, on_assign=self._on_assign)
