@@ -1,0 +1,1 @@
+"""Orchard Env: isolated sandboxes for episodes, their runtimes, and the episode service."""
