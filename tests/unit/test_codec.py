@@ -59,6 +59,7 @@ def model_call(**overrides: Any) -> dict[str, Any]:
         "episode_id": "ep-000131",
         "task_id": "astropy__astropy-12907",
         "call_index": 4,
+        "conversation_id": 0,
         "harness": "codex",
         "api_flavour": "RESPONSES",
         "model": "orchard-swe-3b",

@@ -50,6 +50,11 @@ def test_every_manifest_declares_the_expected_resources() -> None:
             ("v1", "Service", "minio-headless"),
             ("apps/v1", "StatefulSet", "minio"),
         ],
+        "episode-runtime-rbac.yaml": [
+            ("v1", "ServiceAccount", "orchard-env"),
+            ("rbac.authorization.k8s.io/v1", "Role", "orchard-episode-runtime"),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding", "orchard-episode-runtime"),
+        ],
     }
 
 

@@ -28,6 +28,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "episode_id": "ep-7f3a91",
         "task_id": "sympy__sympy-20590",
         "call_index": 12,
+        "conversation_id": 1,
         "harness": "codex",
         "api_flavour": "RESPONSES",
         "model": "orchard-swe-3b",

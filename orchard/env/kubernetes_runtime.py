@@ -1,0 +1,605 @@
+"""The ``kubernetes`` runtime: one Pod per episode, through the official ``kubernetes`` client.
+
+``create`` makes the episode's Secret, then its NetworkPolicy, then its Pod (the policy exists before the pod, so
+the pod never runs unisolated), points the Secret's and the policy's ``ownerReferences`` at the pod (the garbage
+collector removes them after the pod is gone), waits until the container runs and uploads the spec's
+``source_dir``. Anything failing on the way removes what this call created and raises ``KubernetesStartError``.
+``delete`` removes the pod and the Secret; the policy goes with the pod once the pod has stopped (removing it first
+would lift the isolation of a pod still shutting down). ``reap_expired`` deletes pods past their
+``orchard.dev/expires-at`` annotation (pushed forward by ``heartbeat``) and, with ``delete_finished_pods``, pods
+that exited or hit ``activeDeadlineSeconds``; it also sweeps Secrets and policies left without a pod.
+
+Every command and file operation is an exec (``connect_get_namespaced_pod_exec`` over a WebSocket through
+``kubernetes.stream.stream``) of a short POSIX ``sh`` wrapper that changes to the working directory, exports the
+call's environment, bounds stdin with ``head -c N`` (exec's stdin has no end-of-file that the v4 streaming
+protocol can signal) and runs the command under ``timeout -k 5``, which kills its process group on the node; the
+client stops waiting ``exec_grace_s`` later. Exit status 124 or 137 after the timeout elapsed counts as timed out.
+Task images therefore need ``/bin/sh``, ``timeout``/``head``/``cat``/``mkdir``/``chmod``/``rm`` (GNU coreutils
+or busybox 1.30+), ``tar`` (``source_dir``), GNU ``find`` (``list_files``) and ``git`` or ``patch``
+(``apply_patch``).
+
+``stream`` swaps its ``ApiClient``'s ``call_api`` while it opens a WebSocket, which breaks concurrent calls
+on the same client; execs therefore use an ``ApiClient`` per thread, apart from the one of plain API calls.
+Errors are those of ``orchard.env.exceptions`` (the local runtime raises the same), plus ``KubernetesRuntimeError``
+for what the cluster refused or failed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Literal, Protocol
+
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream as kube_stream
+from pydantic import ValidationError
+
+from orchard.env.exceptions import (
+    InvalidSandboxRequestError,
+    SandboxError,
+    SandboxExistsError,
+    SandboxFileNotFoundError,
+    SandboxNotFoundError,
+    SandboxStartError,
+)
+from orchard.env.k8s_objects import (
+    ANNOTATION_EXPIRES_AT,
+    ANNOTATION_SPEC,
+    CONTAINER_NAME,
+    DELETE_SCRIPT,
+    EXIT_IS_DIR,
+    EXIT_MISSING,
+    KILL_AFTER_S,
+    LABEL_SANDBOX,
+    MANAGED_SELECTOR,
+    PATCH_SCRIPT,
+    READ_SCRIPT,
+    WRITE_SCRIPT,
+    EpisodeObjects,
+    KubernetesRuntimeConfig,
+    exec_argv,
+    list_script,
+    parse_listing,
+    pod_expires_at,
+    pod_is_live,
+    pod_name,
+    pod_start_state,
+    render_episode_objects,
+    secret_name,
+    workspace_path,
+)
+from orchard.env.runtime import ExecResult, FileEntry, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.logging import get_logger
+
+__all__ = [
+    "KubernetesRuntime",
+    "KubernetesRuntimeConfig",
+    "KubernetesRuntimeError",
+    "KubernetesStartError",
+    "KubernetesSandbox",
+    "EpisodeObjects",
+    "load_api_client",
+    "render_episode_objects",
+]
+
+log = get_logger("env.kubernetes")
+
+StreamEvent = tuple[Literal["stdout", "stderr", "exit"], bytes | int | None]
+CHUNK = 64 * 1024
+_OUTPUT_CHANNELS: tuple[tuple[int, Literal["stdout", "stderr"]], ...] = ((1, "stdout"), (2, "stderr"))
+
+
+class KubernetesRuntimeError(SandboxError):
+    """The cluster refused or failed an operation (an infrastructure failure, not the agent's)."""
+
+
+class KubernetesStartError(KubernetesRuntimeError, SandboxStartError):
+    """An episode pod could not be created or did not start; what the attempt created was removed."""
+
+
+class ExecStream(Protocol):
+    """The part of ``kubernetes.stream.ws_client.WSClient`` the runtime uses (binary mode)."""
+
+    def is_open(self) -> bool:
+        """Whether the server has not closed the stream yet."""
+
+    def update(self, timeout: float | None = 0) -> None:
+        """Buffer the frames that arrive within ``timeout`` seconds."""
+
+    def read_channel(self, channel: int, timeout: float = 0) -> bytes:
+        """Take what is buffered on a channel (1 stdout, 2 stderr, 3 status)."""
+
+    def write_stdin(self, data: bytes) -> None:
+        """Send bytes to the command's stdin."""
+
+    def close(self, **kwargs: Any) -> None:
+        """Close the WebSocket."""
+
+
+def load_api_client(config: KubernetesRuntimeConfig) -> client.ApiClient:
+    """An ``ApiClient`` from ``$KUBECONFIG`` when set, else from the pod's in-cluster service account."""
+    configuration = client.Configuration()
+    kubeconfig = os.environ.get("KUBECONFIG")
+    try:
+        if kubeconfig:
+            kube_config.load_kube_config(
+                config_file=kubeconfig,
+                context=config.kube_context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)
+    except (kube_config.ConfigException, OSError) as exc:
+        source = f"KUBECONFIG={kubeconfig}" if kubeconfig else "the in-cluster service account"
+        raise KubernetesRuntimeError(f"cannot load Kubernetes credentials from {source}: {exc}") from exc
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, 64)
+    return client.ApiClient(configuration)
+
+
+def exit_code_of(status: bytes) -> int:
+    """The exit code in an exec's status channel (``v1.Status`` JSON)."""
+    if not status:
+        raise KubernetesRuntimeError("exec stream closed without an exit status")
+    try:
+        parsed = json.loads(status)
+    except ValueError as exc:
+        raise KubernetesRuntimeError(f"unreadable exec status {status[:200]!r}") from exc
+    if parsed.get("status") == "Success":
+        return 0
+    for cause in parsed.get("details", {}).get("causes", []):
+        if cause.get("reason") == "ExitCode":
+            return int(cause["message"])
+    raise KubernetesRuntimeError(f"exec failed: {parsed.get('message', parsed)}")
+
+
+class KubernetesSandbox(Sandbox):
+    """One episode pod; every operation is an exec in its container (see the module docstring)."""
+
+    def __init__(
+        self,
+        runtime: KubernetesRuntime,
+        spec: SandboxSpec,
+        *,
+        created_at: float | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        self.spec = spec
+        self.pod_name = pod_name(spec.sandbox_id, runtime.config)
+        self.created_at = created_at
+        self.expires_at = expires_at
+        self._runtime = runtime
+        self._workspace = runtime.config.workspace_dir
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        *,
+        timeout_s: float = 60.0,
+        cwd: str = ".",
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run a command and wait for it; the node kills its process group at the timeout."""
+        started = time.perf_counter()
+        out, err, code = self._collect(self._events(command, timeout_s, cwd, env, stdin))
+        return ExecResult(
+            exit_code=code,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            duration_ms=(time.perf_counter() - started) * 1000,
+            timed_out=code is None,
+        )
+
+    def exec_stream(
+        self, command: Sequence[str] | str, *, timeout_s: float = 60.0, cwd: str = "."
+    ) -> Iterator[StreamEvent]:
+        """Run a command, yielding output chunks as they arrive and finally ``("exit", code or None)``."""
+        return self._events(command, timeout_s, cwd, None, None)
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Create or replace a file (parents created) through ``cat`` with the content on stdin."""
+        target = workspace_path(self._workspace, path)
+        self._file_op(["/bin/sh", "-c", WRITE_SCRIPT, "sh", target, format(mode, "o")], path, stdin=data)
+
+    def read_file(self, path: str) -> bytes:
+        """A file's content through ``cat``."""
+        return self._file_op(["/bin/sh", "-c", READ_SCRIPT, "sh", workspace_path(self._workspace, path)], path)
+
+    def list_files(self, path: str = ".", recursive: bool = False) -> list[FileEntry]:
+        """Entries under a directory (or the one entry of a file) through GNU ``find -printf``, sorted by path."""
+        argv = ["/bin/sh", "-c", list_script(recursive), "sh", workspace_path(self._workspace, path)]
+        return parse_listing(self._file_op(argv, path), path)
+
+    def delete_file(self, path: str) -> None:
+        """Remove a file or directory tree (``rm -rf``); the working copy's root itself is refused."""
+        target = workspace_path(self._workspace, path)
+        if target == self._workspace:
+            raise InvalidSandboxRequestError("cannot delete the working copy itself")
+        self._file_op(["/bin/sh", "-c", DELETE_SCRIPT, "sh", target], path)
+
+    def apply_patch(self, patch: str) -> ExecResult:
+        """Apply a unified diff in the working copy with ``git apply`` (or ``patch -p1`` where git is missing)."""
+        return self.exec(
+            ["/bin/sh", "-c", PATCH_SCRIPT], timeout_s=self._runtime.config.file_op_timeout_s, stdin=patch.encode()
+        )
+
+    def upload_dir(self, source: Path) -> None:
+        """Copy a local directory's contents into the working copy (a tar stream into ``tar -x``)."""
+        with tempfile.TemporaryFile() as archive:
+            with tarfile.open(fileobj=archive, mode="w") as tar:
+                # No version-control history goes in: reading future commits is a known reward hack.
+                tar.add(source, arcname=".", filter=lambda info: None if _is_vcs_path(info.name) else info)
+            size = archive.tell()
+            archive.seek(0)
+            argv = ["tar", "-x", "-f", "-", "-C", self._workspace]
+            self._file_op(argv, str(source), stdin=archive, stdin_len=size)
+
+    def heartbeat(self) -> None:
+        """Push the ``orchard.dev/expires-at`` annotation ``ttl_s`` past now."""
+        self.expires_at = self._runtime.extend(self.spec.sandbox_id, self.spec.ttl_s)
+
+    def info(self) -> SandboxInfo:
+        """The spec, lifetime and working directory as this object last saw them."""
+        config = self._runtime.config
+        isolation = f"Kubernetes pod {config.namespace}/{self.pod_name}, egress to the proxy only"
+        if config.runtime_class_name:
+            isolation += f", runtime class {config.runtime_class_name}"
+        return SandboxInfo(
+            spec=self.spec,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            workdir=self._workspace,
+            proxy_endpoint=self.spec.proxy_url,
+            isolation=isolation,
+        )
+
+    def close(self) -> None:
+        """Delete the pod (and its Secret and policy)."""
+        self._runtime.delete(self.spec.sandbox_id)
+
+    def _file_op(
+        self, argv: list[str], path: str, *, stdin: bytes | IO[bytes] | None = None, stdin_len: int | None = None
+    ) -> bytes:
+        timeout = self._runtime.config.file_op_timeout_s
+        out, err, code = self._collect(self._events(argv, timeout, ".", None, stdin, stdin_len))
+        if code == EXIT_MISSING:
+            raise SandboxFileNotFoundError(f"no file or directory {path!r}")
+        if code == EXIT_IS_DIR:
+            raise InvalidSandboxRequestError(f"{path!r} is a directory")
+        if code != 0:
+            reason = "timed out" if code is None else f"exit {code}"
+            raise KubernetesRuntimeError(f"{argv[0]} on {path!r} in {self.pod_name} failed ({reason}): {err[-500:]!r}")
+        return out
+
+    def _events(
+        self,
+        command: Sequence[str] | str,
+        timeout_s: float,
+        cwd: str,
+        env: Mapping[str, str] | None,
+        stdin: bytes | IO[bytes] | None,
+        stdin_len: int | None = None,
+    ) -> Iterator[StreamEvent]:
+        if isinstance(stdin, bytes):
+            stdin, stdin_len = io.BytesIO(stdin), len(stdin)
+        argv = exec_argv(
+            command,
+            cwd=workspace_path(self._workspace, cwd),
+            timeout_s=timeout_s,
+            env=env or {},
+            stdin_len=stdin_len if stdin is not None else None,
+        )
+        return self._runtime.stream_exec(self.pod_name, argv, stdin, timeout_s)
+
+    @staticmethod
+    def _collect(events: Iterator[StreamEvent]) -> tuple[bytes, bytes, int | None]:
+        out, err, code = bytearray(), bytearray(), None
+        for kind, value in events:
+            if kind == "stdout" and isinstance(value, bytes):
+                out += value
+            elif kind == "stderr" and isinstance(value, bytes):
+                err += value
+            elif kind == "exit":
+                code = value if isinstance(value, int) else None
+        return bytes(out), bytes(err), code
+
+
+class KubernetesRuntime(Runtime):
+    """Episode sandboxes as pods in ``config.namespace``."""
+
+    def __init__(
+        self,
+        config: KubernetesRuntimeConfig,
+        *,
+        api_client: client.ApiClient | None = None,
+        core: Any = None,
+        networking: Any = None,
+        stream: Callable[..., ExecStream] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Connect through ``api_client`` (default: ``load_api_client``); tests may pass fakes for the APIs."""
+        if core is None or networking is None:
+            api_client = api_client or load_api_client(config)
+        self.config = config
+        self._core = core or client.CoreV1Api(api_client)
+        self._net = networking or client.NetworkingV1Api(api_client)
+        self._exec_configuration = None if stream is not None or api_client is None else api_client.configuration
+        self._stream = stream or kube_stream
+        self._clock = clock
+        self._sleep = sleep
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._created: set[str] = set()
+
+    def create(self, spec: SandboxSpec) -> KubernetesSandbox:
+        """Create the episode's objects, wait until its container runs, upload ``source_dir``."""
+        started = time.perf_counter()
+        now = self._clock()
+        objects = render_episode_objects(spec, self.config, now=now)
+        created: list[str] = []
+        adopted = False
+        try:
+            self._core.create_namespaced_secret(self.config.namespace, objects.secret, **self._timeout())
+            created.append("secret")
+            self._net.create_namespaced_network_policy(self.config.namespace, objects.network_policy, **self._timeout())
+            created.append("policy")
+            pod = self._core.create_namespaced_pod(self.config.namespace, objects.pod, **self._timeout())
+            created.append("pod")
+            self._adopt(objects, pod.metadata.uid)
+            adopted = True
+            self._wait_running(objects.pod.metadata.name)
+            sandbox = KubernetesSandbox(self, spec, created_at=now, expires_at=now + spec.ttl_s)
+            if spec.source_dir is not None:
+                sandbox.upload_dir(spec.source_dir)
+        except Exception as exc:
+            self._teardown(spec.sandbox_id, created, policy_owned=adopted)
+            if not created and isinstance(exc, ApiException) and exc.status == 409:
+                raise SandboxExistsError(f"sandbox {spec.sandbox_id} exists") from exc
+            if isinstance(exc, SandboxError):
+                raise
+            raise KubernetesStartError(f"creating sandbox {spec.sandbox_id} failed: {_describe(exc)}") from exc
+        with self._lock:
+            self._created.add(spec.sandbox_id)
+        log.info(
+            "sandbox created",
+            sandbox=spec.sandbox_id,
+            episode=spec.episode_id,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return sandbox
+
+    def get(self, sandbox_id: str) -> KubernetesSandbox:
+        """The sandbox of a live pod (``KeyError`` when missing, finished or being deleted)."""
+        try:
+            pod = self._core.read_namespaced_pod(
+                pod_name(sandbox_id, self.config), self.config.namespace, **self._timeout()
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise SandboxNotFoundError(sandbox_id) from exc
+            raise KubernetesRuntimeError(f"reading sandbox {sandbox_id} failed: {_describe(exc)}") from exc
+        sandbox = self._sandbox_of(pod) if pod_is_live(pod) else None
+        if sandbox is None:
+            raise SandboxNotFoundError(sandbox_id)
+        return sandbox
+
+    def list(self) -> list[Sandbox]:
+        """Sandboxes of live pods (their ``spec.env`` is empty: env is not stored on the cluster in clear)."""
+        sandboxes = (self._sandbox_of(pod) for pod in self._managed("pod") if pod_is_live(pod))
+        return [sandbox for sandbox in sandboxes if sandbox is not None]
+
+    def delete(self, sandbox_id: str) -> None:
+        """Delete the pod and the Secret (the policy follows the pod); no error if already gone."""
+        self._teardown(sandbox_id, ["secret", "policy", "pod"], policy_owned=True)
+        with self._lock:
+            self._created.discard(sandbox_id)
+
+    def close(self) -> None:
+        """Delete the sandboxes this runtime object created (not every episode pod in the namespace: other
+        Orchard processes may share it)."""
+        with self._lock:
+            mine = sorted(self._created)
+        for sandbox_id in mine:
+            self.delete(sandbox_id)
+
+    def reap_expired(self) -> list[str]:
+        """Delete pods past their expiry (and finished ones with ``delete_finished_pods``); sweep orphans."""
+        now = self._clock()
+        pods = self._managed("pod")
+        reaped = []
+        for pod in pods:
+            if pod.metadata.deletion_timestamp is not None:
+                continue
+            sandbox_id = (pod.metadata.labels or {}).get(LABEL_SANDBOX)
+            finished = pod.status is not None and pod.status.phase in ("Succeeded", "Failed")
+            if sandbox_id and (pod_expires_at(pod) <= now or (finished and self.config.delete_finished_pods)):
+                self.delete(sandbox_id)
+                reaped.append(sandbox_id)
+        self._sweep_orphans({pod.metadata.labels.get(LABEL_SANDBOX) for pod in pods}, now)
+        if reaped:
+            log.info("sandboxes reaped", sandboxes=reaped)
+        return reaped
+
+    def extend(self, sandbox_id: str, ttl_s: float) -> float:
+        """Set the pod's expiry ``ttl_s`` from now and return it (its ``activeDeadlineSeconds`` cannot grow)."""
+        expires_at = self._clock() + ttl_s
+        body = {"metadata": {"annotations": {ANNOTATION_EXPIRES_AT: f"{expires_at:.3f}"}}}
+        self._core.patch_namespaced_pod(
+            pod_name(sandbox_id, self.config),
+            self.config.namespace,
+            body,
+            _content_type="application/merge-patch+json",
+            **self._timeout(),
+        )
+        return expires_at
+
+    def stream_exec(
+        self, pod: str, argv: list[str], stdin: IO[bytes] | None, timeout_s: float
+    ) -> Iterator[StreamEvent]:
+        """Run ``argv`` in the pod: stdout/stderr chunks, then ``("exit", code)``, ``None`` when it timed out."""
+        started = time.monotonic()
+        give_up = started + timeout_s + KILL_AFTER_S + self.config.exec_grace_s
+        try:
+            ws = self._stream(
+                self._exec_api().connect_get_namespaced_pod_exec,
+                pod,
+                self.config.namespace,
+                command=argv,
+                container=CONTAINER_NAME,
+                stdin=stdin is not None,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+                binary=True,
+            )
+        except ApiException as exc:
+            raise KubernetesRuntimeError(f"exec in {pod} failed: {_describe(exc)}") from exc
+        try:
+            if stdin is not None:
+                _feed(ws, stdin)
+            while ws.is_open():
+                if time.monotonic() >= give_up:
+                    yield "exit", None
+                    return
+                ws.update(timeout=max(0.0, min(1.0, give_up - time.monotonic())))
+                yield from _drain(ws)
+            yield from _drain(ws)
+            code = exit_code_of(ws.read_channel(3))
+            timed_out = code in (124, 137) and time.monotonic() - started >= timeout_s
+            yield "exit", None if timed_out else code
+        finally:
+            ws.close()
+
+    def _exec_api(self) -> Any:
+        if self._exec_configuration is None:
+            return self._core
+        api = getattr(self._local, "core", None)
+        if api is None:
+            api = self._local.core = client.CoreV1Api(client.ApiClient(self._exec_configuration))
+        return api
+
+    def _timeout(self) -> dict[str, float]:
+        return {"_request_timeout": self.config.api_timeout_s}
+
+    def _adopt(self, objects: EpisodeObjects, uid: str) -> None:
+        owner = {"apiVersion": "v1", "kind": "Pod", "name": objects.pod.metadata.name, "uid": uid}
+        body = {"metadata": {"ownerReferences": [owner]}}
+        merge = {"_content_type": "application/merge-patch+json", **self._timeout()}
+        self._core.patch_namespaced_secret(objects.secret.metadata.name, self.config.namespace, body, **merge)
+        self._net.patch_namespaced_network_policy(
+            objects.network_policy.metadata.name, self.config.namespace, body, **merge
+        )
+
+    def _wait_running(self, name: str) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        state = "not yet read"
+        while time.monotonic() < deadline:
+            pod = self._core.read_namespaced_pod(name, self.config.namespace, **self._timeout())
+            stage, state = pod_start_state(pod)
+            if stage == "running":
+                return
+            if stage == "failed":
+                raise KubernetesStartError(f"pod {name} cannot start: {state}")
+            self._sleep(self.config.poll_interval_s)
+        raise KubernetesStartError(f"pod {name} not running after {self.config.start_timeout_s:g} s: {state}")
+
+    def _teardown(self, sandbox_id: str, created: Sequence[str], *, policy_owned: bool) -> None:
+        names = {"pod": pod_name(sandbox_id, self.config), "secret": secret_name(sandbox_id, self.config)}
+        ns = self.config.namespace
+        pod_gone = "pod" not in created
+        if not pod_gone:
+            pod_gone = not _ignore_missing(
+                self._core.delete_namespaced_pod, names["pod"], ns, propagation_policy="Background", **self._timeout()
+            )
+        if "secret" in created:
+            _ignore_missing(self._core.delete_namespaced_secret, names["secret"], ns, **self._timeout())
+        if "policy" in created and (pod_gone or not policy_owned):
+            _ignore_missing(self._net.delete_namespaced_network_policy, names["pod"], ns, **self._timeout())
+
+    def _managed(self, kind: Literal["pod", "secret", "policy"]) -> list[Any]:
+        ns, selector = self.config.namespace, MANAGED_SELECTOR
+        lister = {
+            "pod": self._core.list_namespaced_pod,
+            "secret": self._core.list_namespaced_secret,
+            "policy": self._net.list_namespaced_network_policy,
+        }[kind]
+        return list(lister(ns, label_selector=selector, **self._timeout()).items)
+
+    def _sweep_orphans(self, live: set[str | None], now: float) -> None:
+        """Delete Secrets and policies whose pod is gone and that are older than a create could take."""
+        cutoff = now - self.config.start_timeout_s - 2 * self.config.api_timeout_s
+        kinds: tuple[tuple[Literal["secret", "policy"], Callable[..., Any]], ...] = (
+            ("secret", self._core.delete_namespaced_secret),
+            ("policy", self._net.delete_namespaced_network_policy),
+        )
+        for kind, delete in kinds:
+            for obj in self._managed(kind):
+                sandbox_id = obj.metadata.labels.get(LABEL_SANDBOX)
+                created = obj.metadata.creation_timestamp
+                if sandbox_id in live or created is None or created.timestamp() > cutoff:
+                    continue
+                _ignore_missing(delete, obj.metadata.name, self.config.namespace, **self._timeout())
+                log.info("orphan removed", kind=kind, name=obj.metadata.name)
+
+    def _sandbox_of(self, pod: Any) -> KubernetesSandbox | None:
+        raw = (pod.metadata.annotations or {}).get(ANNOTATION_SPEC)
+        try:
+            spec = SandboxSpec.model_validate_json(raw or "")
+        except ValidationError:
+            log.warning("pod without a valid sandbox spec annotation", pod=pod.metadata.name)
+            return None
+        created = pod.metadata.creation_timestamp
+        expires = pod_expires_at(pod)
+        return KubernetesSandbox(
+            self,
+            spec,
+            created_at=created.timestamp() if created is not None else None,
+            expires_at=expires if expires != float("inf") else None,
+        )
+
+
+def _feed(ws: ExecStream, stdin: IO[bytes]) -> None:
+    while chunk := stdin.read(CHUNK):
+        ws.write_stdin(chunk)
+        ws.update(timeout=0)  # buffer output meanwhile, so neither side's buffers fill up
+
+
+def _drain(ws: ExecStream) -> Iterator[StreamEvent]:
+    for channel, kind in _OUTPUT_CHANNELS:
+        data = ws.read_channel(channel)
+        if data:
+            yield kind, data
+
+
+def _ignore_missing(call: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Call a delete; False when the object was already gone."""
+    try:
+        call(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise KubernetesRuntimeError(f"delete failed: {_describe(exc)}") from exc
+    return True
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}: {(exc.body or '')[:500]}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _is_vcs_path(name: str) -> bool:
+    """Whether an archive member belongs to version-control metadata (``.git``, ``.hg``, ``.svn``)."""
+    return any(part in {".git", ".hg", ".svn"} for part in name.split("/"))

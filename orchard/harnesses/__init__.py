@@ -1,0 +1,28 @@
+"""Harness adapters: run a real agent harness (Codex CLI, mini-swe-agent, the built-in agent) against Orchard's proxy.
+
+The public names are loaded lazily, so ``python -m orchard.harnesses.builtin_agent`` (which runs inside sandboxes with
+only the standard library and httpx) never imports pydantic or the adapters. See ``README.md`` in this directory.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "HarnessAdapter",
+    "HarnessArtifacts",
+    "HarnessRun",
+    "HarnessTask",
+    "ModelEndpoint",
+    "adapter_names",
+    "get_adapter",
+    "register_adapter",
+    "run_harness",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("orchard.harnesses.base"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

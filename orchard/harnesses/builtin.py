@@ -1,0 +1,109 @@
+"""Adapter of Orchard's built-in agent (``orchard.harnesses.builtin_agent``), run with a Python that can import it.
+
+Files in the sandbox (``~/.orchard/harness/builtin/``): ``task.md`` (the instruction) and ``trajectory.jsonl`` (what
+the agent writes). The proxy token reaches the agent as ``OPENAI_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from orchard.env.runtime import Sandbox
+from orchard.harnesses.base import (
+    HarnessAdapter,
+    HarnessArtifacts,
+    HarnessTask,
+    ModelEndpoint,
+    ShellArg,
+    collect_changes,
+    read_state_file,
+    shell_command,
+    write_state_file,
+)
+
+TASK_FILE = "task.md"
+TRAJECTORY_FILE = "trajectory.jsonl"
+
+
+class BuiltinAgentAdapter(HarnessAdapter):
+    """Runs ``python -m orchard.harnesses.builtin_agent`` against the endpoint."""
+
+    name = "builtin"
+
+    def __init__(
+        self,
+        python: str = sys.executable,
+        command_timeout_s: float = 120.0,
+        max_output_chars: int = 10_000,
+        retries: int = 3,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``python``: the interpreter inside the sandbox (default: this one, which has orchard and httpx).
+        The rest are the agent's command-line options of the same names; ``extra_body`` is merged into requests."""
+        self.python = python
+        self.command_timeout_s = command_timeout_s
+        self.max_output_chars = max_output_chars
+        self.retries = retries
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})
+
+    def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
+        """Write the task text."""
+        write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
+
+    def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
+        """``python -m orchard.harnesses.builtin_agent`` with the endpoint, limits and state file paths."""
+        argv: list[ShellArg] = [
+            self.python, "-m", "orchard.harnesses.builtin_agent",
+            "--base-url", endpoint.base_url,
+            "--model", endpoint.model,
+            "--task-file", self.state(TASK_FILE),
+            "--trajectory", self.state(TRAJECTORY_FILE),
+            "--max-steps", str(task.max_steps),
+            "--timeout", f"{task.timeout_s:g}",
+            "--command-timeout", f"{self.command_timeout_s:g}",
+            "--max-output-chars", str(self.max_output_chars),
+            "--retries", str(self.retries),
+        ]  # fmt: skip
+        if self.temperature is not None:
+            argv += ["--temperature", f"{self.temperature:g}"]
+        if self.max_tokens is not None:
+            argv += ["--max-tokens", str(self.max_tokens)]
+        if self.extra_body:
+            argv += ["--extra-body", json.dumps(self.extra_body)]
+        return shell_command(argv)
+
+    def environment(self, endpoint: ModelEndpoint, task: HarnessTask) -> dict[str, str]:
+        """The proxy token as ``OPENAI_API_KEY``; unbuffered Python output."""
+        return {"OPENAI_API_KEY": endpoint.api_key.get_secret_value(), "PYTHONUNBUFFERED": "1"}
+
+    def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
+        """The trajectory JSONL, its ``end`` record's status and submission, and the working copy's patch."""
+        text = read_state_file(sandbox, self.name, TRAJECTORY_FILE)
+        end = _last_end_record(text or "")
+        patch, changed = collect_changes(sandbox, task.workdir)
+        return HarnessArtifacts(
+            harness=self.name,
+            exit_status=end.get("status"),
+            final_message=end.get("submission"),
+            trajectory={} if text is None else {self.state(TRAJECTORY_FILE).display(): text},
+            patch=patch,
+            changed_files=changed,
+        )
+
+
+def _last_end_record(text: str) -> dict[str, Any]:
+    for line in reversed(text.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == "end":
+            return record
+    return {}

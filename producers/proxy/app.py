@@ -1,0 +1,196 @@
+"""The recording proxy's HTTP app: OpenAI-compatible routes for harnesses, admin routes for the Env.
+
+Harness routes (``Authorization: Bearer <episode token>``): ``POST /v1/chat/completions``, ``POST /v1/responses``,
+``GET /v1/models``. Admin routes (``Authorization: Bearer <admin token>``): ``POST /admin/episodes`` (register an
+episode, get its token), ``GET /admin/episodes/{id}``, ``DELETE /admin/episodes/{id}`` (revoke and confirm every
+call on the bus). ``GET /healthz`` needs no token. Every error is an OpenAI error object (``exceptions.py``).
+
+Checks happen in this order, and a request failing one is never forwarded nor recorded: token (401), body size
+(413), JSON and required fields (400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchard.bus import Bus
+from orchard.clock import now_ms
+from orchard.logging import get_logger
+from producers.proxy.backend import BackendClient
+from producers.proxy.bus_writer import BusWriter
+from producers.proxy.episodes import EpisodeGrant, EpisodeRegistry, EpisodeSpec, EpisodeSummary
+from producers.proxy.exceptions import AuthenticationError, BadRequestError, ProxyError, RequestTooLargeError
+from producers.proxy.forward import CallForwarder
+from producers.proxy.request import ApiFlavour, parse_request
+from producers.proxy.settings import ProxySettings
+
+log = get_logger("proxy.app")
+
+REAP_INTERVAL_S = 10.0
+
+
+class RecordingProxy:
+    """The proxy's parts (bus writer, episodes, backend client, forwarder), started and stopped with the app."""
+
+    def __init__(self, settings: ProxySettings, bus: Bus) -> None:
+        """Create the parts; nothing runs until ``lifespan`` starts."""
+        self.settings, self.bus = settings, bus
+        self.writer = BusWriter(
+            bus.producer(), flush_interval_s=settings.flush_interval_s, flush_timeout_s=settings.flush_timeout_s
+        )
+        self.episodes = EpisodeRegistry(settings, self.writer)
+        self.backend = BackendClient(settings)
+        self.forwarder = CallForwarder(self.backend)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Run background flushes and reaping; at shutdown close every episode, then the backend and the bus.
+
+        Startup fails (``TopicNotFoundError``) when the ModelCall topic does not exist: create it first
+        (``orchard topics create``), so no call is answered that cannot be recorded.
+        """
+        await asyncio.to_thread(self.bus.describe_topic, self.settings.model_calls_topic)
+        await asyncio.to_thread(self.writer.target.record_limit, self.settings.model_calls_topic)  # cached from now
+        self.writer.start()
+        reaper = asyncio.create_task(self._reap_periodically(), name="orchard-proxy-reaper")
+        log.info("recording proxy started", backend=self.settings.backend_base_url, run_id=self.settings.run_id)
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await self.episodes.close_all()
+            await self.backend.aclose()
+            await self.writer.close()
+            log.info("recording proxy stopped")
+
+    async def _reap_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            await self.episodes.reap()
+
+    async def model_call(self, request: Request, flavour: ApiFlavour) -> Response:
+        """Authenticate, read and check, forward, record."""
+        started, received_ms = time.perf_counter(), now_ms()
+        session = self.episodes.authenticate(bearer_token(request))
+        raw = await read_body(request, self.settings.max_request_bytes)
+        parsed = parse_request(raw, flavour)
+        return await self.forwarder.forward(session, parsed, started, received_ms)
+
+    def require_admin(self, request: Request) -> None:
+        """Refuse a request without the admin token."""
+        token = bearer_token(request) or ""
+        if not hmac.compare_digest(token.encode(), self.settings.admin_token.get_secret_value().encode()):
+            raise AuthenticationError("admin routes need the proxy's admin token", code="invalid_admin_token")
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequestError("invalid Content-Length header")
+        if int(declared) > limit:
+            raise RequestTooLargeError(f"request body of {declared} bytes is over the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestTooLargeError(f"request body is over the limit of {limit} bytes")
+    return bytes(body)
+
+
+def _model_routes(proxy: RecordingProxy) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await proxy.model_call(request, "CHAT")
+
+    @router.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await proxy.model_call(request, "RESPONSES")
+
+    @router.get("/v1/models")
+    async def models(request: Request) -> Response:
+        proxy.episodes.authenticate(bearer_token(request))
+        status, body = await proxy.backend.get("/models")
+        return Response(body, status, media_type="application/json")
+
+    @router.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "episodes": proxy.episodes.active}
+
+    return router
+
+
+def _admin_routes(proxy: RecordingProxy) -> APIRouter:
+    router = APIRouter(prefix="/admin", dependencies=[Depends(proxy.require_admin)])
+
+    @router.post("/episodes", status_code=201)
+    async def open_episode(spec: EpisodeSpec) -> EpisodeGrant:
+        return proxy.episodes.open(spec)
+
+    @router.get("/episodes/{episode_id}")
+    async def episode(episode_id: str) -> EpisodeSummary:
+        return proxy.episodes.summary(episode_id)
+
+    @router.delete("/episodes/{episode_id}")
+    async def close_episode(episode_id: str) -> EpisodeSummary:
+        return await proxy.episodes.close(episode_id)
+
+    return router
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def proxy_error(request: Request, exc: Exception) -> Response:
+        error = exc if isinstance(exc, ProxyError) else ProxyError(str(exc))
+        return JSONResponse(error.payload(), error.status)
+
+    async def invalid_body(request: Request, exc: Exception) -> Response:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+        return await proxy_error(request, BadRequestError(f"invalid request body: {detail}"))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+        message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}"
+        error = ProxyError(message, code="not_found" if status == 404 else "http_error")
+        error.status, error.error_type = status, "invalid_request_error" if status < 500 else "server_error"
+        return await proxy_error(request, error)
+
+    app.add_exception_handler(ProxyError, proxy_error)
+    app.add_exception_handler(RequestValidationError, invalid_body)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def create_proxy_app(settings: ProxySettings, bus: Bus) -> FastAPI:
+    """The recording proxy as a FastAPI app publishing ModelCalls to ``bus`` (which the caller owns and closes)."""
+    proxy = RecordingProxy(settings, bus)
+    app = FastAPI(
+        title="Orchard recording proxy", lifespan=proxy.lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.proxy = proxy
+    _install_error_handlers(app)
+    app.include_router(_model_routes(proxy))
+    app.include_router(_admin_routes(proxy))
+    return app

@@ -1,0 +1,641 @@
+"""The recording proxy end to end: real uvicorn servers on loopback (proxy, scripted backend, stub backends), real
+HTTP through httpx, and the embedded bus read back to check what was recorded, token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from orchard.bus import DeliveryError, open_bus
+from orchard.bus.base import Delivery, DeliveryCallback
+from orchard.bus.embedded import EmbeddedBus
+from orchard.bus.embedded.backend import EmbeddedProducer
+from orchard.codec import Codec
+from orchard.config import EmbeddedBusConfig
+from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
+from orchard.engines.token_trace import TokenTrace, trace_of
+from orchard.prefix_delta import PromptReconstructor
+from orchard.tokens import unpack_array, unpack_token_ids
+from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
+
+ADMIN = "admin-token-for-tests-0123456789"
+TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
+PLAN = ScriptedPlan(
+    steps=[
+        ScriptedStep(text="Looking around.", tool_calls=[ScriptedToolCall(name="shell", arguments={"cmd": "ls"})]),
+        ScriptedStep(tool_calls=[ScriptedToolCall(name="shell", arguments={"cmd": "cat a.py"})]),
+        ScriptedStep(text="Fixed: parse() now strips whitespace."),
+    ]
+)
+POLICY_VERSION = 5
+TIMING_FIELDS = ("latency_ms", "timestamp")
+
+
+# ------------------------------------------------------------------------------------------------ servers and bus
+@pytest.fixture(scope="module")
+def backend() -> Iterator[BackgroundServer]:
+    with BackgroundServer(create_scripted_app(PLAN, POLICY_VERSION)) as server:
+        yield server
+
+
+def make_bus(path: Path, bus_class: type[EmbeddedBus] = EmbeddedBus) -> EmbeddedBus:
+    bus = bus_class(EmbeddedBusConfig(path=path))
+    bus.create_topic("model-calls", partitions=2, exist_ok=True)
+    return bus
+
+
+class Proxy:
+    """A running proxy and an admin client for it."""
+
+    def __init__(self, server: BackgroundServer, bus_path: Path) -> None:
+        self.server, self.bus_path, self.url = server, bus_path, server.url
+        self.admin = httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30)
+
+    def open(self, episode_id: str, ttl_s: float = 300) -> Harness:
+        spec = {"episode_id": episode_id, "task_id": "task-1", "harness": "test", "model": "policy", "ttl_s": ttl_s}
+        grant = self.admin.post("/admin/episodes", json=spec)
+        assert grant.status_code == 201, grant.text
+        return Harness(self.url, grant.json()["token"], episode_id)
+
+    def close(self, episode_id: str) -> httpx.Response:
+        return self.admin.delete(f"/admin/episodes/{episode_id}")
+
+    def records(self, episode_id: str | None = None) -> list[dict[str, Any]]:
+        """Every ModelCall on the bus (of one episode), in publishing order."""
+        codec, consumer = Codec.default(), open_bus(EmbeddedBusConfig(path=self.bus_path)).consumer(["model-calls"])
+        raw = []
+        while batch := consumer.poll(1000, 0.05):
+            raw += batch
+        raw.sort(key=lambda r: (r.partition, r.offset))
+        records = [codec.decode(r.value).record for r in raw]
+        return [r for r in records if episode_id is None or r["episode_id"] == episode_id]
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path, backend: BackgroundServer) -> Iterator[Callable[..., Proxy]]:
+    servers: list[BackgroundServer] = []
+
+    def start(bus_class: type[EmbeddedBus] = EmbeddedBus, **overrides: Any) -> Proxy:
+        path = tmp_path / f"bus-{len(servers)}"
+        settings = ProxySettings(
+            backend_base_url=overrides.pop("backend_base_url", f"{backend.url}/v1"), admin_token=ADMIN, **overrides
+        )
+        server = BackgroundServer(create_proxy_app(settings, make_bus(path, bus_class))).start()
+        servers.append(server)
+        return Proxy(server, path)
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def proxy(start_proxy: Callable[..., Proxy]) -> Proxy:
+    return start_proxy()
+
+
+class Harness:
+    """What an agent harness does: OpenAI calls with its episode token, keeping its own history."""
+
+    def __init__(self, url: str, token: str, episode_id: str) -> None:
+        self.episode_id = episode_id
+        self.client = httpx.Client(base_url=f"{url}/v1", headers={"authorization": f"Bearer {token}"}, timeout=30)
+
+    def post(self, path: str, body: dict[str, Any], stream: bool) -> tuple[httpx.Response, dict[str, Any]]:
+        """The HTTP response and the answer object (assembled from the stream when streamed)."""
+        response = self.client.post(path, json=body | {"stream": stream})
+        if not stream or response.status_code != 200:
+            return response, response.json()
+        return response, assemble(path, response.text)
+
+    def chat(self, messages: list[dict[str, Any]], stream: bool = False, **extra: Any) -> dict[str, Any]:
+        body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.7, **extra}
+        response, answer = self.post("/chat/completions", body, stream)
+        assert response.status_code == 200, response.text
+        return answer
+
+    def respond(self, items: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
+        body = {"model": "policy", "input": items, "instructions": "Fix bugs.", "tools": TOOLS, "top_p": 0.9}
+        response, answer = self.post("/responses", body, stream)
+        assert response.status_code == 200, response.text
+        return answer
+
+
+def sse(text: str) -> list[tuple[str | None, Any]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = block.split("\n")
+        name = next((line[7:] for line in lines if line.startswith("event: ")), None)
+        data = "\n".join(line[6:] for line in lines if line.startswith("data: "))
+        events.append((name, data if data == "[DONE]" else json.loads(data)))
+    return events
+
+
+def assemble(path: str, text: str) -> dict[str, Any]:
+    """The non-streamed equivalent of a stream, as a client library would build it."""
+    assert '"orchard"' not in text
+    events = sse(text)
+    if path == "/responses":
+        return events[-1][1]["response"]
+    assert events[-1][1] == "[DONE]"
+    content, finish = "", None
+    calls: dict[int, dict[str, Any]] = {}
+    for _, chunk in events[:-1]:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for part in delta.get("tool_calls") or []:
+                call = calls.setdefault(
+                    part["index"], {"id": part.get("id"), "type": "function", "name": "", "args": ""}
+                )
+                call["name"] += part.get("function", {}).get("name") or ""
+                call["args"] += part.get("function", {}).get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+            for _, c in sorted(calls.items())
+        ]
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+
+def direct_trace(backend: BackgroundServer, path: str, body: dict[str, Any], key: str) -> TokenTrace:
+    """What the backend itself answers (its trace) to ``body`` as request number N of plan key ``key``."""
+    answer = httpx.post(f"{backend.url}/v1{path}", json=body, headers={"X-Orchard-Plan-Key": key}, timeout=10).json()
+    trace = trace_of(answer)
+    assert trace is not None
+    return trace
+
+
+def tool_result(call_id: str, output: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def without(record: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key not in fields}
+
+
+# ------------------------------------------------------------------------------------------------ recording
+def run_chat_episode(harness: Harness, stream: bool) -> list[list[dict[str, Any]]]:
+    """A three-call tool-using conversation; returns the messages sent with each call."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You fix bugs."},
+        {"role": "user", "content": "Fix"},
+    ]
+    sent = []
+    for output in ("a.py b.py", "def parse(): ...", None):
+        sent.append(list(messages))
+        reply = harness.chat(messages, stream)["choices"][0]["message"]
+        if output is not None:
+            messages += [reply, tool_result(reply["tool_calls"][0]["id"], output)]
+    return sent
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_chat_calls_are_recorded_token_exactly(proxy: Proxy, backend: BackgroundServer, stream: bool) -> None:
+    harness = proxy.open(f"chat-{stream}")
+    sent = run_chat_episode(harness, stream)
+    assert proxy.close(harness.episode_id).json()["calls_recorded"] == 3
+    records = proxy.records(harness.episode_id)
+    rebuilt = PromptReconstructor()
+    for index, (record, messages) in enumerate(zip(records, sent, strict=True)):
+        body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.7}
+        expected = direct_trace(backend, "/chat/completions", body, f"direct-chat-{stream}")
+        assert rebuilt.add_model_call(record).tolist() == expected.prompt_token_ids
+        assert unpack_token_ids(record["completion_token_ids"]).tolist() == expected.completion_token_ids
+        logprobs = unpack_array(record["completion_logprobs"], "float32")
+        assert logprobs.tolist() == np.asarray(expected.completion_logprobs, dtype=np.float32).tolist()
+        assert rebuilt.messages(index) == messages
+        assert (record["call_index"], record["conversation_id"], record["policy_version"]) == (index, 0, POLICY_VERSION)
+        assert (record["api_flavour"], record["model"], record["harness"], record["run_id"]) == (
+            "CHAT",
+            "policy",
+            "test",
+            "default",
+        )
+        assert json.loads(record["request_tools_json"]) == TOOLS
+        assert json.loads(record["sampling_params_json"]) == {"temperature": 0.7}
+    assert [(r["response_text"], r["finish_reason"]) for r in records] == [
+        ("Looking around.", "tool_calls"),
+        ("", "tool_calls"),
+        ("Fixed: parse() now strips whitespace.", "stop"),
+    ]
+    assert json.loads(records[1]["response_tool_calls_json"]) == [
+        {"id": "call_1_0", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "cat a.py"}'}}
+    ]
+    assert records[2]["prompt_base_call_index"] == 1  # prefix delta against the previous call
+    assert all(r["latency_ms"] > 0 for r in records)
+
+
+def test_a_streamed_call_is_recorded_like_its_non_streamed_equivalent(proxy: Proxy) -> None:
+    plain, streamed = proxy.open("same-plain"), proxy.open("same-streamed")
+    run_chat_episode(plain, stream=False)
+    run_chat_episode(streamed, stream=True)
+    plain.respond([{"role": "user", "content": "and now with responses"}], stream=False)
+    streamed.respond([{"role": "user", "content": "and now with responses"}], stream=True)
+    for episode in ("same-plain", "same-streamed"):
+        assert proxy.close(episode).json()["calls_recorded"] == 4
+    ignored = ("episode_id", *TIMING_FIELDS)
+    assert [without(r, *ignored) for r in proxy.records("same-streamed")] == [
+        without(r, *ignored) for r in proxy.records("same-plain")
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_responses_calls_are_recorded_token_exactly(proxy: Proxy, backend: BackgroundServer, stream: bool) -> None:
+    harness = proxy.open(f"responses-{stream}")
+    items: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "input_text", "text": "Fix"}]}]
+    sent = []
+    for _ in range(3):
+        sent.append(list(items))
+        output = harness.respond(items, stream)["output"]
+        calls = [item for item in output if item["type"] == "function_call"]
+        items += output + [{"type": "function_call_output", "call_id": c["call_id"], "output": "ok"} for c in calls]
+    assert proxy.close(harness.episode_id).json()["calls_recorded"] == 3
+    records, rebuilt = proxy.records(harness.episode_id), PromptReconstructor()
+    for index, (record, input_items) in enumerate(zip(records, sent, strict=True)):
+        body = {"model": "policy", "input": input_items, "instructions": "Fix bugs.", "tools": TOOLS, "top_p": 0.9}
+        expected = direct_trace(backend, "/responses", body, f"direct-responses-{stream}")
+        assert rebuilt.add_model_call(record).tolist() == expected.prompt_token_ids
+        assert unpack_token_ids(record["completion_token_ids"]).tolist() == expected.completion_token_ids
+        assert rebuilt.messages(index) == [{"role": "system", "content": "Fix bugs."}, *input_items]
+        assert (record["api_flavour"], record["conversation_id"]) == ("RESPONSES", 0)
+    assert [r["finish_reason"] for r in records] == ["tool_calls", "tool_calls", "stop"]
+    assert [c["name"] for c in json.loads(records[0]["response_tool_calls_json"])] == ["shell"]
+    assert json.loads(records[0]["sampling_params_json"]) == {"top_p": 0.9}
+
+
+def test_the_harness_never_sees_the_trace(proxy: Proxy) -> None:
+    harness = proxy.open("no-trace-leak")
+    messages = [{"role": "user", "content": "hi"}]
+    for path, body in (
+        ("/chat/completions", {"model": "policy", "messages": messages}),
+        ("/chat/completions", {"model": "policy", "messages": messages, "n": 2}),
+        ("/responses", {"model": "policy", "input": "hi"}),
+    ):
+        for stream in (False, True) if "n" not in body else (False,):
+            response = harness.client.post(path, json=body | {"stream": stream})
+            assert response.status_code == 200
+            assert "orchard" not in response.text
+    assert proxy.close("no-trace-leak").json()["calls_recorded"] == 6  # n=2 is two calls
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_unknown_expired_and_revoked_tokens_are_refused(proxy: Proxy) -> None:
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic abc"}):
+        assert_openai_error(httpx.post(f"{proxy.url}/v1/chat/completions", json=body, headers=headers), 401)
+    short = proxy.open("short-lived", ttl_s=0.3)
+    time.sleep(0.4)
+    assert_openai_error(short.client.post("/chat/completions", json=body), 401, "token_expired")
+    revoked = proxy.open("revoked")
+    assert proxy.close("revoked").json()["calls_recorded"] == 0
+    assert_openai_error(revoked.client.post("/chat/completions", json=body), 401, "invalid_api_key")
+    assert_openai_error(revoked.client.get("/models"), 401)
+    assert proxy.admin.get("/admin/episodes/short-lived").json()["state"] == "expired"
+    assert proxy.close("short-lived").json()["calls_recorded"] == 0
+    assert proxy.records() == []
+
+
+def test_bad_requests_get_openai_errors_and_nothing_is_recorded(start_proxy: Callable[..., Proxy]) -> None:
+    proxy = start_proxy(max_request_bytes=4096)
+    harness = proxy.open("bad-requests")
+    post = harness.client.post
+    assert_openai_error(post("/chat/completions", content=b'{"model": "policy", "messages": ['), 400, "invalid_json")
+    assert_openai_error(post("/chat/completions", content=b"[1, 2]"), 400, "invalid_json")
+    assert_openai_error(post("/chat/completions", json={"messages": [{"role": "user"}]}), 400, "missing_model")
+    assert_openai_error(post("/chat/completions", json={"model": "policy"}), 400, "missing_messages")
+    assert_openai_error(post("/chat/completions", json={"model": "p", "messages": ["x"]}), 400, "invalid_request")
+    assert_openai_error(post("/responses", json={"model": "policy"}), 400, "missing_input")
+    big = {"model": "policy", "messages": [{"role": "user", "content": "x" * 5000}]}
+    assert_openai_error(post("/chat/completions", json=big), 413, "request_too_large")
+    chunks = iter([b'{"model": "policy", "messages": [{"role": "user", "content": "', b"y" * 5000, b'"}]}'])
+    assert_openai_error(post("/chat/completions", content=chunks), 413, "request_too_large")  # no Content-Length
+    stream_n = {"model": "policy", "messages": [{"role": "user", "content": "x"}], "stream": True, "n": 2}
+    assert_openai_error(post("/chat/completions", json=stream_n), 400, "unsupported")
+    # none of them reached the backend: the first real call gets the plan's first step
+    assert harness.chat([{"role": "user", "content": "x"}])["choices"][0]["message"]["content"] == "Looking around."
+    summary = proxy.close("bad-requests").json()
+    assert (summary["calls_received"], summary["calls_recorded"]) == (1, 1)
+    assert len(proxy.records()) == 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_backend_down_is_502_and_backend_timeout_is_504(start_proxy: Callable[..., Proxy]) -> None:
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    down = start_proxy(backend_base_url=f"http://127.0.0.1:{free_port()}/v1")
+    harness = down.open("backend-down")
+    for stream in (False, True):
+        assert_openai_error(
+            harness.client.post("/chat/completions", json=body | {"stream": stream}), 502, "backend_unavailable"
+        )
+    assert_openai_error(harness.client.get("/models"), 502, "backend_unavailable")
+    assert down.close("backend-down").json()["calls_recorded"] == 0
+
+    slow_plan = ScriptedPlan(steps=[ScriptedStep(text="late", delay_s=5)] * 2)
+    with BackgroundServer(create_scripted_app(slow_plan), timeout_graceful_shutdown=0.1) as slow:
+        proxy = start_proxy(backend_base_url=f"{slow.url}/v1", request_timeout_s=0.3)
+        harness = proxy.open("backend-slow")
+        for stream in (False, True):
+            started = time.perf_counter()
+            response = harness.client.post("/responses", json={"model": "p", "input": "hi", "stream": stream})
+            assert_openai_error(response, 504, "backend_timeout")
+            assert time.perf_counter() - started < 2
+        assert proxy.close("backend-slow").json()["calls_recorded"] == 0
+        assert down.records() == proxy.records() == []
+
+
+@pytest.fixture(scope="module")
+def stub_backend() -> Iterator[tuple[BackgroundServer, dict[str, str]]]:
+    """A backend misbehaving on demand: ``mode["chat"]`` picks the answer."""
+    mode = {"chat": "plain"}
+    app = FastAPI()
+    choice = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+    plain = {"id": "x", "object": "chat.completion", "model": "m", "choices": [choice]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        streamed = (await request.json()).get("stream")
+        if mode["chat"] == "reject":
+            error = {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate"}}
+            return JSONResponse(error, 429)
+        if mode["chat"] == "crash":
+            return JSONResponse({"error": {"message": "engine died", "type": "server_error"}}, 500)
+        if mode["chat"] == "bad-trace":
+            return JSONResponse(plain | {"orchard": {"prompt_token_ids": [1], "completion_token_ids": [2]}})
+        if not streamed:
+            return JSONResponse(plain)
+        chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+        return StreamingResponse(
+            iter([f"data: {json.dumps(chunk)}\n\n", "data: [DONE]\n\n"]), media_type="text/event-stream"
+        )
+
+    with BackgroundServer(app) as server:
+        yield server, mode
+
+
+def test_backend_answers_without_a_valid_trace_or_with_errors(
+    start_proxy: Callable[..., Proxy], stub_backend: tuple[BackgroundServer, dict[str, str]]
+) -> None:
+    server, mode = stub_backend
+    proxy = start_proxy(backend_base_url=f"{server.url}/v1")
+    harness = proxy.open("stub")
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    mode["chat"] = "plain"
+    assert_openai_error(harness.client.post("/chat/completions", json=body), 502, "no_trace")
+    streamed = harness.client.post("/chat/completions", json=body | {"stream": True})
+    events = [data for _, data in sse(streamed.text)]
+    assert events[-1]["error"]["code"] == "no_trace"  # the error replaces [DONE]
+    assert "[DONE]" not in events
+    mode["chat"] = "bad-trace"
+    assert_openai_error(harness.client.post("/chat/completions", json=body), 502, "invalid_trace")
+    mode["chat"] = "reject"
+    rejected = harness.client.post("/chat/completions", json=body)
+    assert (rejected.status_code, rejected.json()["error"]["code"]) == (429, "rate")  # passed through
+    mode["chat"] = "crash"
+    assert_openai_error(harness.client.post("/chat/completions", json=body), 502, "backend_error")
+    assert "engine died" in harness.client.post("/chat/completions", json=body).json()["error"]["message"]
+    summary = proxy.close("stub").json()
+    assert (summary["calls_received"], summary["calls_recorded"]) == (6, 0)
+    assert proxy.records() == []
+
+
+# ------------------------------------------------------------------------------------------------ closing
+class GatedProducer(EmbeddedProducer):
+    """Flushes only once ``gate`` is open."""
+
+    gate = threading.Event()
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        assert self.gate.wait(30)
+        super().flush(timeout_s)
+
+
+class GatedBus(EmbeddedBus):
+    def producer(self) -> EmbeddedProducer:
+        return GatedProducer(self)
+
+
+class FailingProducer(EmbeddedProducer):
+    """Every record fails to be written: its delivery reports an error and ``flush`` raises."""
+
+    def __init__(self, bus: EmbeddedBus) -> None:
+        super().__init__(bus)
+        self.queued: list[DeliveryCallback] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, **kwargs: Any) -> None:
+        self.queued.append(kwargs["on_delivery"])
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        failed, self.queued = self.queued, []
+        for callback in failed:
+            callback(Delivery("model-calls", 0, -1, "disk on fire"))
+        if failed:
+            raise DeliveryError("records were not written: disk on fire")
+
+
+class FailingBus(EmbeddedBus):
+    def producer(self) -> EmbeddedProducer:
+        return FailingProducer(self)
+
+
+def test_closing_returns_only_once_the_bus_acknowledged_every_call(start_proxy: Callable[..., Proxy]) -> None:
+    GatedProducer.gate.clear()
+    try:
+        proxy = start_proxy(GatedBus, flush_interval_s=60)
+        harness = proxy.open("gated")
+        run_chat_episode(harness, stream=False)
+        deadline = time.monotonic() + 5
+        while proxy.admin.get("/admin/episodes/gated").json()["calls_pending"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert proxy.records() == []  # produced, not yet acknowledged: nothing on the log
+        with ThreadPoolExecutor(1) as pool:
+            closing = pool.submit(proxy.close, "gated")
+            time.sleep(0.3)
+            assert not closing.done()  # waiting for the bus
+            GatedProducer.gate.set()
+            summary = closing.result(10).json()
+    finally:
+        GatedProducer.gate.set()
+    assert (summary["state"], summary["calls_recorded"], summary["calls_pending"]) == ("closed", 3, 0)
+    assert [r["call_index"] for r in proxy.records("gated")] == [0, 1, 2]  # all there the moment it returned
+    assert proxy.close("gated").json() == summary  # idempotent
+
+
+def test_closing_reports_calls_the_bus_did_not_take(start_proxy: Callable[..., Proxy]) -> None:
+    proxy = start_proxy(FailingBus, flush_interval_s=60)
+    harness = proxy.open("failing")
+    harness.chat([{"role": "user", "content": "hi"}])
+    response = proxy.close("failing")
+    assert_openai_error(response, 503, "recording_incomplete")
+    assert response.json()["episode"]["calls_failed"] == 1
+    assert proxy.admin.get("/admin/episodes/failing").json()["state"] == "closing"
+
+
+def test_admin_routes(proxy: Proxy) -> None:
+    spec = {"episode_id": "admin-1", "task_id": "t", "harness": "h", "model": "m", "ttl_s": 60}
+    assert_openai_error(httpx.post(f"{proxy.url}/admin/episodes", json=spec), 401, "invalid_admin_token")
+    wrong = {"authorization": "Bearer not-the-admin-token"}
+    assert_openai_error(httpx.delete(f"{proxy.url}/admin/episodes/x", headers=wrong), 401)
+    assert proxy.admin.post("/admin/episodes", json=spec).status_code == 201
+    assert_openai_error(proxy.admin.post("/admin/episodes", json=spec), 409, "episode_exists")
+    assert_openai_error(proxy.admin.post("/admin/episodes", json=spec | {"ttl_s": -1}), 400)
+    assert_openai_error(proxy.admin.post("/admin/episodes", json=spec | {"extra": 1}), 400)
+    assert_openai_error(proxy.admin.get("/admin/episodes/nope"), 404)
+    assert_openai_error(proxy.admin.delete("/admin/episodes/nope"), 404)
+    assert proxy.admin.get("/admin/episodes/admin-1").json()["state"] == "active"
+    assert httpx.get(f"{proxy.url}/healthz").json() == {"status": "ok", "episodes": 1}
+    assert_openai_error(httpx.get(f"{proxy.url}/v1/nothing-here"), 404)
+
+
+def test_models_are_forwarded(proxy: Proxy) -> None:
+    harness = proxy.open("models")
+    assert harness.client.get("/models").json()["data"][0]["id"] == "orchard-scripted"
+
+
+# ------------------------------------------------------------------------------------------------ lineage
+def test_a_subagent_and_a_compaction_get_their_own_conversations(proxy: Proxy) -> None:
+    harness = proxy.open("lineage")
+    main: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix"}]
+    sub: list[dict[str, Any]] = [{"role": "system", "content": "You search code."}, {"role": "user", "content": "Find"}]
+
+    def step(messages: list[dict[str, Any]], output: str) -> None:
+        reply = harness.chat(messages)["choices"][0]["message"]
+        call_id = (reply.get("tool_calls") or [{"id": "none"}])[0]["id"]
+        messages += [reply, tool_result(call_id, output)]
+
+    step(main, "spawned a subagent")  # call 0: main
+    step(sub, "grep results")  # call 1: subagent, unrelated prompt
+    step(sub, "more results")  # call 2: subagent continues
+    step(main, "the subagent found parse()")  # call 3: main continues
+    compacted = [*main[:2], {"role": "user", "content": "Summary so far: parse() is broken."}]
+    step(compacted, "ok")  # call 4: compaction drops earlier turns
+    step(compacted, "ok")  # call 5: continues the compacted context
+    step(list(main[:2]), "retry")  # call 6: the original first prompt again (a retry)
+    assert proxy.close("lineage").json()["conversations"] == 4
+    records, rebuilt = proxy.records("lineage"), PromptReconstructor()
+    assert [r["conversation_id"] for r in records] == [0, 1, 1, 0, 2, 2, 3]
+    for record in records:
+        rebuilt.add_model_call(record)  # every branch rebuilds exactly
+    sequences: dict[int, np.ndarray] = {}
+    for record in records:
+        conversation, prompt = record["conversation_id"], rebuilt.prompt(record["call_index"])
+        if conversation in sequences:  # each conversation is one token-exact sequence
+            assert prompt[: len(sequences[conversation])].tolist() == sequences[conversation].tolist()
+        sequences[conversation] = rebuilt.sequence(record["call_index"])
+
+
+# ------------------------------------------------------------------------------------------------ concurrency
+def test_concurrent_episodes_are_all_recorded_in_order(proxy: Proxy, backend: BackgroundServer) -> None:
+    episodes = 16
+    tokens = {f"conc-{i}": proxy.open(f"conc-{i}").client.headers["authorization"] for i in range(episodes)}
+
+    async def episode(client: httpx.AsyncClient, episode_id: str, stream: bool) -> None:
+        headers = {"authorization": tokens[episode_id]}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"task of {episode_id}"}]
+        for _ in range(3):
+            body = {"model": "policy", "messages": messages, "tools": TOOLS, "stream": stream}
+            response = await client.post("/v1/chat/completions", json=body, headers=headers)
+            answer = assemble("/chat/completions", response.text) if stream else response.json()
+            reply = answer["choices"][0]["message"]
+            messages += [reply, tool_result((reply.get("tool_calls") or [{"id": "-"}])[0]["id"], "ok")]
+
+    async def run_all() -> None:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+            await asyncio.gather(*(episode(client, eid, i % 2 == 0) for i, eid in enumerate(tokens)))
+
+    asyncio.run(run_all())
+    assert [proxy.close(episode_id).json()["calls_recorded"] for episode_id in tokens] == [3] * episodes
+    everything = proxy.records()
+    for episode_id in tokens:
+        records, rebuilt = [r for r in everything if r["episode_id"] == episode_id], PromptReconstructor()
+        assert [(r["call_index"], r["conversation_id"]) for r in records] == [(0, 0), (1, 0), (2, 0)]
+        for record in records:
+            rebuilt.add_model_call(record)
+        assert [r["response_text"] for r in records] == ["Looking around.", "", "Fixed: parse() now strips whitespace."]
+
+
+def test_parallel_calls_of_one_episode_are_each_recorded(proxy: Proxy) -> None:
+    harness = proxy.open("parallel")
+    token = harness.client.headers["authorization"]
+
+    async def subagent(client: httpx.AsyncClient, n: int) -> int:
+        messages = [{"role": "system", "content": f"subagent {n}"}, {"role": "user", "content": "go"}]
+        body = {"model": "policy", "messages": messages, "stream": n % 2 == 1}
+        response = await client.post("/v1/chat/completions", json=body, headers={"authorization": token})
+        return response.status_code
+
+    async def run_all() -> list[int]:
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+            return await asyncio.gather(*(subagent(client, n) for n in range(8)))
+
+    assert asyncio.run(run_all()) == [200] * 8
+    assert proxy.close("parallel").json()["calls_recorded"] == 8
+    records, rebuilt = proxy.records("parallel"), PromptReconstructor()
+    assert [(r["call_index"], r["conversation_id"]) for r in records] == [(i, i) for i in range(8)]
+    for record in records:
+        rebuilt.add_model_call(record)
+
+
+def test_closing_waits_for_calls_in_flight_and_drops_those_that_outlive_the_drain(
+    start_proxy: Callable[..., Proxy],
+) -> None:
+    plan = ScriptedPlan(steps=[ScriptedStep(text="slow", delay_s=0.4)] * 4)
+    with BackgroundServer(create_scripted_app(plan), timeout_graceful_shutdown=0.1) as slow:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        for drain_timeout_s, recorded in ((10.0, 1), (0.05, 0)):
+            proxy = start_proxy(backend_base_url=f"{slow.url}/v1", drain_timeout_s=drain_timeout_s)
+            harness = proxy.open(f"in-flight-{recorded}")
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(harness.client.post, "/chat/completions", json=body)
+                while proxy.admin.get(f"/admin/episodes/{harness.episode_id}").json()["calls_in_flight"] == 0:
+                    time.sleep(0.01)
+                summary = proxy.close(harness.episode_id).json()
+                assert answer.result(10).status_code == 200  # the harness got its answer either way
+            assert summary["calls_recorded"] == recorded
+            time.sleep(0.1)  # a dropped call is not recorded later either
+            assert len(proxy.records()) == recorded
+
+
+def test_an_expired_episode_the_env_never_closed_is_closed_after_its_grace(
+    start_proxy: Callable[..., Proxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("producers.proxy.app.REAP_INTERVAL_S", 0.05)
+    proxy = start_proxy(expired_grace_s=0.1)
+    harness = proxy.open("forgotten", ttl_s=0.3)
+    harness.chat([{"role": "user", "content": "hi"}])
+    deadline = time.monotonic() + 5
+    while (summary := proxy.admin.get("/admin/episodes/forgotten").json())["state"] != "closed":
+        assert time.monotonic() < deadline, summary
+        time.sleep(0.05)
+    assert summary["calls_recorded"] == 1
+    assert len(proxy.records("forgotten")) == 1
