@@ -1,0 +1,147 @@
+"""A left-padded batch of running sequences on one model, with a KV cache that sequences join and leave.
+
+This is the tensor side of continuous batching, for any Hugging Face causal LM that takes an attention mask,
+explicit ``position_ids`` and a ``DynamicCache``:
+
+- **join** (``prefill``): new prompts are left-padded to a common length and run through the model once, into a
+  fresh cache; that cache is then left-padded (or the running one is) so both have the same length, and the two are
+  concatenated along the batch dimension;
+- **step** (``decode``): one token per sequence, with the attention mask extended by one column and each
+  sequence's own position (its count of real tokens), so RoPE sees the positions an unpadded forward pass would;
+- **leave** (``keep``): finished rows are dropped from the cache and the mask, and leading columns that are padding
+  in every remaining row are cut off, so a long finished sequence does not keep its padding alive.
+
+Padding positions never influence real ones: they are masked out of attention, and their own outputs are ignored.
+The cache layout is read and written through ``_kv_layers``/``_set_kv_layers``, the only places that know how a
+``DynamicCache`` stores its tensors (``cache.layers[i].keys`` in transformers 5, ``key_cache[i]`` in 4.x).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class KVBatch:
+    """Running sequences of one model: their KV cache, attention mask and next positions."""
+
+    def __init__(self, model: PreTrainedModel, pad_token_id: int) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.x
+        self._last_only = {k: 1 for k in ("logits_to_keep", "num_logits_to_keep") if k in parameters}
+        self._device = next(model.parameters()).device
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros((0, 0), dtype=torch.long, device=self._device)
+        self._positions = torch.zeros(0, dtype=torch.long, device=self._device)
+
+    @property
+    def size(self) -> int:
+        """Number of sequences in the batch."""
+        return int(self._positions.shape[0])
+
+    @property
+    def width(self) -> int:
+        """Columns of the cache: the longest padded sequence."""
+        return int(self._mask.shape[1])
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Append ``prompts`` as new rows (after the existing ones); return their next-token logits (k, V)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = _new_cache(self.model)
+        out = self._forward(ids, mask, positions, cache, **self._last_only)
+        self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=self._device))
+        return out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def decode(self, tokens: list[int]) -> torch.Tensor:
+        """Feed one token per row (in row order); return the next-token logits (B, V)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self._device).unsqueeze(1)
+        ones = torch.ones((self.size, 1), dtype=torch.long, device=self._device)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        out = self._forward(ids, self._mask, self._positions.unsqueeze(1), self._cache)
+        self._positions = self._positions + 1
+        return out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in that order); drop the others and the padding no remaining row needs."""
+        if len(rows) == self.size:
+            return
+        if not rows:
+            self._cache = None
+            self._mask = self._mask[:0, :0]
+            self._positions = self._positions[:0]
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self._device)
+        self._mask = self._mask[index]
+        self._positions = self._positions[index]
+        layers = [(k[index], v[index]) for k, v in _kv_layers(self._cache)]
+        lead = int(torch.nonzero(self._mask.any(dim=0))[0, 0])  # padding columns shared by every row
+        if lead:
+            self._mask = self._mask[:, lead:]
+            layers = [(k[:, :, lead:], v[:, :, lead:]) for k, v in layers]
+        _set_kv_layers(self._cache, layers)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, **kw: Any) -> Any:
+        kwargs = {self._cache_kwarg: cache, **kw}
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
+
+    def _merge(self, cache: DynamicCache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
+        if self._cache is None or self.size == 0:
+            self._cache, self._mask, self._positions = cache, mask, lengths
+            return
+        width = max(self.width, mask.shape[1])
+        old = [_left_pad_kv(k, v, width) for k, v in _kv_layers(self._cache)]
+        new = [_left_pad_kv(k, v, width) for k, v in _kv_layers(cache)]
+        joined = [(torch.cat([ok, nk]), torch.cat([ov, nv])) for (ok, ov), (nk, nv) in zip(old, new, strict=True)]
+        _set_kv_layers(self._cache, joined)
+        self._mask = torch.cat([_left_pad(self._mask, width), _left_pad(mask, width)])
+        self._positions = torch.cat([self._positions, lengths])
+
+
+def _left_pad(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
+
+
+def _left_pad_kv(keys: torch.Tensor, values: torch.Tensor, width: int) -> KV:
+    extra = width - keys.shape[2]
+    if extra == 0:
+        return keys, values
+    pad = (0, 0, extra, 0)  # (head_dim: none, sequence: left)
+    return torch.nn.functional.pad(keys, pad), torch.nn.functional.pad(values, pad)
+
+
+def _new_cache(model: PreTrainedModel) -> DynamicCache:
+    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+        return DynamicCache(config=model.config)
+    return DynamicCache()
+
+
+def _kv_layers(cache: Any) -> list[KV]:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))
+
+
+def _set_kv_layers(cache: Any, layers: list[KV]) -> None:
+    if hasattr(cache, "layers"):
+        for layer, (keys, values) in zip(cache.layers, layers, strict=True):
+            layer.keys, layer.values = keys, values
+        return
+    cache.key_cache[:] = [k for k, _ in layers]
+    cache.value_cache[:] = [v for _, v in layers]

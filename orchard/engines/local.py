@@ -1,0 +1,241 @@
+"""``LocalEngine``: any Hugging Face causal-LM checkpoint directory served with continuous batching, on CPU or GPU.
+
+It owns the tokenizer (prompts are rendered by the checkpoint's own chat template and tokenized once, here), the
+weights being served (a ``ServingModel`` with its policy version) and the ``BatchScheduler`` that generates. The
+OpenAI layer (``orchard.engines.openai_api``) turns HTTP requests into ``render_prompt`` + ``submit`` calls; the
+reloader (``orchard.engines.reload``) calls ``load_version`` with a downloaded checkpoint to switch weights.
+
+A tiny-family name (``tiny-llama``, see ``orchard.engines.tiny``) is built into a cache directory first, so it is
+loaded by the same code as any other checkpoint. Loading refuses, with ``CheckpointError``, a checkpoint whose
+weights miss tensors, carry unexpected ones or have other shapes (transformers would otherwise initialise missing
+tensors at random, silently), and a new version whose architecture or vocabulary differs from the one served.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import torch
+import transformers
+from packaging.version import Version
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from orchard.engines.batching import BatchScheduler, GenerationHandle, ServingModel
+from orchard.engines.config import EngineConfig
+from orchard.engines.exceptions import CheckpointError, ContextLengthError, InvalidRequestError
+from orchard.engines.sampling import SamplingParams
+from orchard.engines.tiny import ensure_tiny_checkpoint, is_tiny_name
+from orchard.logging import get_logger
+
+log = get_logger("engines.local")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+CONFIG_FILE = "config.json"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto``: the first CUDA device if there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU, float32 on the CPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+def resolve_checkpoint(config: EngineConfig) -> Path:
+    """The checkpoint directory ``config.model`` names: a tiny-family name is built under ``config.cache_dir``."""
+    if is_tiny_name(config.model):
+        return ensure_tiny_checkpoint(config.model, config.cache_dir, config.tiny_seed)
+    path = Path(config.model)
+    if not (path / CONFIG_FILE).is_file():
+        raise CheckpointError(
+            f"{config.model} is neither a tiny-family name nor a checkpoint directory with config.json"
+        )
+    return path
+
+
+def load_model(path: Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    """Load a causal LM from ``path``; ``CheckpointError`` on missing, unexpected or mis-shaped tensors."""
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **{_DTYPE_KWARG: dtype})
+    except Exception as exc:  # safetensors, OSError, ValueError...: all mean "cannot load this"
+        raise CheckpointError(f"cannot load the checkpoint in {path}: {exc}") from exc
+    problems = {key: sorted(map(str, value)) for key, value in info.items() if value}
+    if problems:
+        raise CheckpointError(f"checkpoint in {path} does not match its architecture: {problems}")
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer; it must have a chat template."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise CheckpointError(f"cannot load the tokenizer in {path}: {exc}") from exc
+    if not tokenizer.chat_template:
+        raise CheckpointError(f"the tokenizer in {path} has no chat template")
+    return tokenizer
+
+
+class LocalEngine:
+    """A checkpoint served by a batching scheduler; see the module docstring."""
+
+    def __init__(
+        self,
+        checkpoint: Path,
+        *,
+        model_name: str,
+        max_batch_size: int = 32,
+        max_queue: int = 256,
+        max_context: int | None = None,
+        default_max_tokens: int = 256,
+        device: str = "cpu",
+        dtype: str = "auto",
+        cpu_threads: int | None = None,
+        policy_version: int = 0,
+    ) -> None:
+        self.checkpoint = Path(checkpoint)
+        self.model_name = model_name
+        self.device = resolve_device(device)
+        if cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads)  # process-wide: the engine owns its process's compute
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.default_max_tokens = default_max_tokens
+        self.tokenizer = load_tokenizer(self.checkpoint)
+        model = load_model(self.checkpoint, self.device, self.dtype)
+        self._reference = model.config
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or max_context or 2048)
+        self.max_context = min(max_context or limit, limit)
+        self.scheduler = BatchScheduler(
+            ServingModel(model, policy_version),
+            self.tokenizer,
+            eos_token_ids=_eos_token_ids(model, self.tokenizer),
+            pad_token_id=_pad_token_id(self.tokenizer),
+            max_batch_size=max_batch_size,
+            max_queue=max_queue,
+        )
+        log.info(
+            "engine loaded",
+            model=model_name,
+            checkpoint=str(self.checkpoint),
+            device=str(self.device),
+            dtype=str(self.dtype),
+            max_context=self.max_context,
+            policy_version=policy_version,
+            parameters=sum(p.numel() for p in model.parameters()),
+        )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LocalEngine:
+        """Build the engine ``config`` describes (building a tiny checkpoint first if it names one)."""
+        checkpoint = resolve_checkpoint(config)
+        return cls(
+            checkpoint,
+            model_name=config.served_model_name or config.model.rstrip("/").rsplit("/", 1)[-1],
+            max_batch_size=config.max_batch_size,
+            max_queue=config.max_queue,
+            max_context=config.max_context,
+            default_max_tokens=config.default_max_tokens,
+            device=config.device,
+            dtype=config.dtype,
+            cpu_threads=config.cpu_threads,
+            policy_version=config.policy_version,
+        )
+
+    @property
+    def policy_version(self) -> int:
+        """The version new requests are served with."""
+        return self.scheduler.policy_version
+
+    def start(self) -> None:
+        """Start generating."""
+        self.scheduler.start()
+
+    def close(self) -> None:
+        """Stop generating; requests still queued or running fail."""
+        self.scheduler.stop()
+
+    def render_prompt(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> list[int]:
+        """Token ids of ``messages`` (and ``tools``) through the chat template, ready for the assistant's turn."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] or None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", "messages") from exc
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def completion_budget(self, prompt_tokens: int, requested: int | None) -> int:
+        """The ``max_tokens`` to generate: as requested, or the default, within the context that remains."""
+        room = self.max_context - prompt_tokens
+        if room <= 0:
+            raise ContextLengthError(
+                f"the prompt is {prompt_tokens} tokens; this model's context is {self.max_context} tokens", "messages"
+            )
+        if requested is None:
+            return min(self.default_max_tokens, room)
+        if requested > room:
+            raise ContextLengthError(
+                f"this model's context is {self.max_context} tokens; you requested {prompt_tokens + requested} "
+                f"({prompt_tokens} in the prompt, {requested} for the completion)",
+                "max_tokens",
+            )
+        return requested
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> GenerationHandle:
+        """Queue a generation (from the event loop); see ``BatchScheduler.submit``."""
+        return self.scheduler.submit(prompt_ids, params, n)
+
+    def load_version(self, directory: Path, version: int) -> None:
+        """Load the checkpoint in ``directory`` as policy ``version`` and serve it from the next step on.
+
+        A directory with weights but no ``config.json`` is read with the served model's config. Raises
+        ``CheckpointError`` (and keeps serving the current version) if the version is not newer, the weights do
+        not load, or the architecture or vocabulary differ from the served model's.
+        """
+        current = self.policy_version
+        if version <= current:
+            raise CheckpointError(f"version {version} is not newer than the version served ({current})")
+        directory = Path(directory)
+        if not (directory / CONFIG_FILE).is_file():
+            self._reference.save_pretrained(directory)
+        _check_compatible(json.loads((directory / CONFIG_FILE).read_text()), self._reference.to_dict())
+        model = load_model(directory, self.device, self.dtype)
+        self.scheduler.install(ServingModel(model, version))
+
+
+def _check_compatible(new: Mapping[str, Any], served: Mapping[str, Any]) -> None:
+    for key in ("architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers"):
+        if new.get(key) != served.get(key):
+            raise CheckpointError(f"new weights have {key}={new.get(key)!r}, the served model {served.get(key)!r}")
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids = configured if isinstance(configured, list) else [configured]
+    ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def _pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise CheckpointError("the tokenizer has neither a pad nor an end-of-sequence token")
+    return int(pad)

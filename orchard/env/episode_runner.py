@@ -1,0 +1,184 @@
+"""Runs one episode end to end: sandbox, proxy token, harness, grader, outcome — the Env's ``EpisodeRunner``.
+
+Order matters for what the trainers may trust:
+
+1. the sandbox is created from the task's workspace (no history, no hidden files);
+2. the proxy issues a per-episode token; the harness runs inside the sandbox and reaches only the proxy;
+3. when the harness exits, the proxy episode is closed, which returns only once every model call is acknowledged
+   by the bus — so the outcome, published last, never refers to calls that could still be lost;
+4. only then are the hidden files copied in and the grader run;
+5. the outcome is published (and acknowledged), and the sandbox deleted.
+
+Failures of the platform (no sandbox, no proxy) raise ``InfrastructureError`` and the scheduler retries; a harness
+that crashes yields a ``CRASHED`` outcome; every path ends with exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from orchard.bus import Producer
+from orchard.clock import now_ms
+from orchard.codec import Codec
+from orchard.env.runtime import Runtime, Sandbox, SandboxSpec
+from orchard.env.scheduler import Episode, EpisodeState, EventSink, InfrastructureError
+from orchard.env.tasks import Grade, TaskCatalog, TaskSpec, grade
+from orchard.harnesses.base import HarnessRun, HarnessTask, ModelEndpoint, get_adapter, run_harness
+from orchard.logging import get_logger
+from orchard.topics import OUTCOMES
+
+log = get_logger("env.episode")
+CRASH_EXIT_CODES = range(128, 256)  # killed by a signal (as the sandbox's init reports it)
+
+
+class ProxyAdmin:
+    """The recording proxy's admin routes: open an episode (a token), close it (all calls acknowledged)."""
+
+    def __init__(self, base_url: str, admin_token: str, timeout_s: float = 60.0) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=timeout_s
+        )
+
+    async def open_episode(self, episode_id: str, task_id: str, harness: str, model: str, ttl_s: float) -> str:
+        """A fresh token for the episode's harness."""
+        body = {"episode_id": episode_id, "task_id": task_id, "harness": harness, "model": model, "ttl_s": ttl_s}
+        response = await self._request("POST", "/admin/episodes", json=body)
+        return str(response.json()["token"])
+
+    async def close_episode(self, episode_id: str) -> dict[str, Any]:
+        """Revoke the token; returns once every recorded call is acknowledged by the bus."""
+        response = await self._request("DELETE", f"/admin/episodes/{episode_id}")
+        return dict(response.json())
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise InfrastructureError(f"recording proxy unreachable: {exc}") from exc
+        if response.status_code >= 300:
+            raise InfrastructureError(f"recording proxy answered {response.status_code}: {response.text[:300]}")
+        return response
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self._client.aclose()
+
+
+class LocalEpisodeRunner:
+    """Drives episodes on a ``Runtime`` through a recording proxy; publishes each outcome."""
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        tasks: TaskCatalog,
+        proxy: ProxyAdmin,
+        proxy_url: str,
+        producer: Producer,
+        run_id: str,
+        outcomes_topic: str = OUTCOMES,
+    ) -> None:
+        self.runtime, self.tasks, self.proxy, self.proxy_url = runtime, tasks, proxy, proxy_url
+        self.producer, self.run_id, self.outcomes_topic = producer, run_id, outcomes_topic
+        self.codec = Codec.default()
+        self._started: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
+
+    async def run(self, episode: Episode, emit: EventSink) -> EpisodeState:
+        """Run the episode and publish its outcome."""
+        request = episode.request
+        task = self.tasks.get(request["task_id"])
+        self._started[episode.episode_id] = now_ms()
+        sandbox = await self._sandbox(episode, task)
+        try:
+            token = await self.proxy.open_episode(
+                episode.episode_id, task.task_id, request["harness"], request["model"], task.harness_timeout_s * 2
+            )
+            emit("sandbox-ready", sandbox_id=sandbox.spec.sandbox_id)
+            run = await self._harness(sandbox, task, request, token)
+            emit("harness-exited", exit_code=run.exit_code, timed_out=run.timed_out)
+            summary = await self.proxy.close_episode(episode.episode_id)
+            self._calls[episode.episode_id] = int(summary.get("calls_recorded", 0))
+            if run.timed_out or (run.exit_code is not None and run.exit_code in CRASH_EXIT_CODES):
+                state = EpisodeState.TIMED_OUT if run.timed_out else EpisodeState.CRASHED
+                await self._publish(episode, state, None, f"harness exit {run.exit_code}", run)
+                episode.result = {"harness_exit_code": run.exit_code}
+                return state
+            verdict = await asyncio.to_thread(grade, sandbox, task)
+            emit("graded", reward=verdict.reward, success=verdict.success)
+            state = EpisodeState.SUCCEEDED if verdict.success else EpisodeState.FAILED
+            await self._publish(episode, state, verdict, None, run)
+            episode.result = {"reward": verdict.reward, "signals": verdict.signals, "harness_exit_code": run.exit_code}
+            return state
+        finally:
+            await asyncio.to_thread(self.runtime.delete, sandbox.spec.sandbox_id)
+
+    async def report(self, episode: Episode, state: EpisodeState, error: str | None) -> None:
+        """Close what is open and publish the outcome of an episode that did not finish."""
+        try:
+            await self.proxy.close_episode(episode.episode_id)
+        except InfrastructureError as exc:
+            log.warning("closing the proxy episode failed", episode=episode.episode_id, error=str(exc))
+        await asyncio.to_thread(self.runtime.delete, _sandbox_id(episode))
+        await self._publish(episode, state, None, error, None)
+
+    async def _sandbox(self, episode: Episode, task: TaskSpec) -> Sandbox:
+        spec = SandboxSpec(
+            sandbox_id=_sandbox_id(episode),
+            run_id=self.run_id,
+            episode_id=episode.episode_id,
+            task_id=task.task_id,
+            source_dir=task.workspace,
+            limits=task.limits,
+            ttl_s=task.harness_timeout_s * 2,
+            proxy_url=self.proxy_url,
+        )
+        creation = asyncio.ensure_future(asyncio.to_thread(self.runtime.create, spec))
+        try:
+            return await asyncio.shield(creation)
+        except asyncio.CancelledError:
+            # The creating thread cannot be stopped: let it finish, then remove what it made, so a cancelled or
+            # timed-out episode leaves no sandbox behind.
+            await asyncio.gather(creation, return_exceptions=True)
+            await asyncio.to_thread(self.runtime.delete, spec.sandbox_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to build the sandbox is the platform's
+            raise InfrastructureError(f"sandbox for {episode.episode_id} could not be created: {exc}") from exc
+
+    async def _harness(self, sandbox: Sandbox, task: TaskSpec, request: dict[str, Any], token: str) -> HarnessRun:
+        adapter = get_adapter(request["harness"], **request.get("options", {}).get("harness", {}))
+        endpoint = ModelEndpoint.inside(sandbox, token, request["model"])
+        harness_task = HarnessTask(
+            instruction=task.instruction, max_steps=task.max_steps, timeout_s=task.harness_timeout_s
+        )
+        return await asyncio.to_thread(run_harness, adapter, sandbox, endpoint, harness_task)
+
+    async def _publish(
+        self, episode: Episode, state: EpisodeState, verdict: Grade | None, error: str | None, run: HarnessRun | None
+    ) -> None:
+        request = episode.request
+        record = {
+            "run_id": self.run_id,
+            "episode_id": episode.episode_id,
+            "task_id": request["task_id"],
+            "group_id": request.get("group_id") or request["task_id"],
+            "status": state.value,
+            "reward": verdict.reward if verdict else 0.0,
+            "success": bool(verdict and verdict.success),
+            "signals": verdict.signals if verdict else {},
+            "num_model_calls": self._calls.pop(episode.episode_id, 0),
+            "artifact_uris": [],
+            "policy_version": None,
+            "started_at": self._started.pop(episode.episode_id, now_ms()),
+            "ended_at": now_ms(),
+            "error": error,
+        }
+        value = self.codec.encode("EpisodeOutcome", record)
+        await asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
+
+
+def _sandbox_id(episode: Episode) -> str:
+    return episode.episode_id.lower().replace("_", "-")[:63]

@@ -1,0 +1,104 @@
+"""Tasks and graders: what an episode works on, and how its end state becomes reward, success and signals.
+
+A task directory holds ``task.yaml`` (id, instruction, grading command, limits), ``workspace/`` (copied into the
+sandbox for the harness, without version-control history) and optionally ``hidden/`` (tests and references the
+grader needs: copied into the sandbox only after the harness has exited, so the agent can never read them).
+The grading command's exit status decides success; it may also write ``.orchard-signals.json`` (a JSON object of
+named numbers, such as the fraction of tests passing) for partial credit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchard.env.runtime import Limits, Sandbox
+from orchard.exceptions import ConfigError, OrchardError
+
+SIGNALS_FILE = ".orchard-signals.json"
+
+
+class TaskSpec(BaseModel):
+    """One task, as ``task.yaml`` describes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    instruction: str = Field(min_length=1)
+    grade_command: str = Field(min_length=1, description="Run in the working copy after the harness exits.")
+    grade_timeout_s: float = Field(300.0, gt=0)
+    harness_timeout_s: float = Field(1800.0, gt=0)
+    max_steps: int = Field(30, ge=1)
+    limits: Limits = Field(default_factory=Limits)
+    directory: Path = Field(description="The task directory (set by the loader).")
+
+    @property
+    def workspace(self) -> Path:
+        """Files the harness starts from."""
+        return self.directory / "workspace"
+
+    @property
+    def hidden(self) -> Path:
+        """Files only the grader sees."""
+        return self.directory / "hidden"
+
+
+def load_task(directory: Path) -> TaskSpec:
+    """Load ``directory/task.yaml``; a bad file fails with the field named."""
+    path = directory / "task.yaml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read task {path}: {exc}") from exc
+    try:
+        task = TaskSpec(**data, directory=directory)
+    except (TypeError, ValidationError) as exc:
+        raise ConfigError(f"invalid task {path}: {exc}") from exc
+    if not task.workspace.is_dir():
+        raise ConfigError(f"task {task.task_id}: {task.workspace} is missing")
+    return task
+
+
+class TaskCatalog:
+    """Tasks by id, from a directory of task directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.tasks = {task.task_id: task for task in (load_task(d) for d in sorted(root.iterdir()) if d.is_dir())}
+
+    def get(self, task_id: str) -> TaskSpec:
+        """The task ``task_id``; ``OrchardError`` naming the known ones if absent."""
+        try:
+            return self.tasks[task_id]
+        except KeyError:
+            raise OrchardError(f"unknown task {task_id!r}; known: {sorted(self.tasks)[:20]}") from None
+
+
+class Grade(BaseModel):
+    """What a grader concluded."""
+
+    reward: float
+    success: bool
+    signals: dict[str, float] = Field(default_factory=dict)
+    log: str = ""
+
+
+def grade(sandbox: Sandbox, task: TaskSpec) -> Grade:
+    """Copy the hidden files in, run the grading command, and read its verdict and signals."""
+    if task.hidden.is_dir():
+        for path in sorted(p for p in task.hidden.rglob("*") if p.is_file()):
+            sandbox.write_file(path.relative_to(task.hidden).as_posix(), path.read_bytes())
+    result = sandbox.exec(task.grade_command, timeout_s=task.grade_timeout_s)
+    signals: dict[str, float] = {}
+    try:
+        raw = json.loads(sandbox.read_file(SIGNALS_FILE))
+        signals = {str(k): float(v) for k, v in raw.items()}
+    except (OrchardError, OSError, ValueError, AttributeError, TypeError):
+        signals = {}
+    success = result.exit_code == 0 and not result.timed_out
+    signals.setdefault("grade_timed_out", float(result.timed_out))
+    return Grade(
+        reward=1.0 if success else 0.0, success=success, signals=signals, log=(result.stdout + result.stderr)[-4000:]
+    )
