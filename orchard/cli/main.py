@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from orchard import __version__
-from orchard.cli import demo, schemas, tail, topics
+from orchard.cli import demo, schemas, serve, tail, topics
 from orchard.cli.common import CliState, err_console
 from orchard.exceptions import OrchardError
 
@@ -21,6 +21,9 @@ app.add_typer(topics.app, name="topics")
 app.add_typer(schemas.app, name="schemas")
 app.command("tail")(tail.tail)
 app.command("demo")(demo.demo)
+app.add_typer(serve.engine_app, name="engine")
+app.add_typer(serve.proxy_app, name="proxy")
+app.add_typer(serve.env_app, name="env")
 
 
 @app.callback()

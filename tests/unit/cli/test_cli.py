@@ -110,3 +110,42 @@ def test_schemas_check_and_list(tmp_path: Path) -> None:
     assert "7 schemas" in check.stdout
     listing = orchard("schemas", "list", cwd=tmp_path)
     assert "ModelCall" in listing.stdout and "v1" in listing.stdout
+
+
+def test_env_serve_refuses_to_start_without_its_secrets(tmp_path: Path) -> None:
+    (tmp_path / "tasks").mkdir()
+    result = orchard("env", "serve", "--tasks", str(tmp_path / "tasks"), "--proxy", "http://127.0.0.1:9", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "ORCHARD_ENV_TOKEN must be set" in result.stderr
+
+
+def test_engine_scripted_serves_a_plan_over_the_openai_api(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model: scripted\nsteps:\n  - text: hello there\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+    server = subprocess.Popen([ORCHARD, "engine", "scripted", str(plan), "--port", str(port)], cwd=tmp_path, env=clean)
+    try:
+        deadline, reply = time.monotonic() + 30, None
+        while reply is None and time.monotonic() < deadline:
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json={"model": "scripted", "messages": [{"role": "user", "content": "hi"}]},
+                )
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert reply is not None and reply.status_code == 200
+        body = reply.json()
+        assert body["choices"][0]["message"]["content"] == "hello there"
+        assert body["orchard"]["completion_token_ids"]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
