@@ -401,3 +401,84 @@ def test_doctests(module: str) -> None:
 
     results = doctest.testmod(importlib.import_module(f"orchard.harnesses.{module}"))
     assert (results.failed, results.attempted > 0) == (0, True)
+
+
+# ---------------------------------------------------------------------------------------------------- through the proxy
+PROXY_ADMIN = "proxy-admin-token-0123456789"  # noqa: S105 - a test token
+
+
+def replay_traces(plan: ScriptedPlan, episode_id: str, bodies: list[dict[str, Any]]) -> list[Any]:
+    """What a fresh backend with the same plan answers to the same requests, in order (not streamed: a streamed
+    response carries the same trace)."""
+    import asyncio
+
+    import httpx
+
+    from orchard.engines.token_trace import trace_of
+
+    async def replay() -> list[Any]:
+        app = create_scripted_app(plan, policy_version=3)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://backend") as client:
+            traces = []
+            for body in bodies:
+                path = "/v1/responses" if "input" in body else "/v1/chat/completions"
+                reply = await client.post(
+                    path, json={**body, "stream": False}, headers={"X-Orchard-Episode-Id": episode_id}
+                )
+                traces.append(trace_of(reply.json()))
+            return traces
+
+    return asyncio.run(replay())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.harness for case in CASES])
+def test_harness_episode_through_the_proxy_is_recorded_token_exactly(
+    case: Case,
+    scripted_backend: Callable[[ScriptedPlan], tuple[str, RecordingApp]],
+    sandbox: SandboxFactory,
+    tmp_path: Path,
+) -> None:
+    import httpx
+    import numpy as np
+
+    from orchard.bus import open_bus
+    from orchard.codec import Codec
+    from orchard.config import EmbeddedBusConfig
+    from orchard.prefix_delta import PromptReconstructor
+    from orchard.tokens import unpack_logprobs, unpack_token_ids
+    from orchard.topics import MODEL_CALLS, STANDARD_TOPICS
+    from producers.proxy import ProxySettings, create_proxy_app
+
+    plan = ScriptedPlan(steps=case.plan, final_text="nothing left to do", model=MODEL)
+    backend_url, recorder = scripted_backend(plan)
+    bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
+    for spec in STANDARD_TOPICS:
+        bus.create_topic(spec.name, spec.partitions, exist_ok=True)
+    settings = ProxySettings(backend_base_url=f"{backend_url}/v1", admin_token=PROXY_ADMIN, run_id="run-harness")
+    proxy = BackgroundServer(create_proxy_app(settings, bus)).start()
+    admin = {"Authorization": f"Bearer {PROXY_ADMIN}"}
+    episode = f"episode-{case.harness}"
+    try:
+        opening = {"episode_id": episode, "task_id": "write-answer", "harness": case.harness, "model": MODEL}
+        opened = httpx.post(f"{proxy.url}/admin/episodes", headers=admin, json={**opening, "ttl_s": 600})
+        token = opened.json()["token"]
+        box, _ = sandbox(case.harness, proxy.url)
+        endpoint = ModelEndpoint(base_url=f"{proxy.url}/v1", api_key=token, model=MODEL)
+        run = run_harness(get_adapter(case.harness), box, endpoint, HarnessTask(instruction=INSTRUCTION, max_steps=5))
+        closed = httpx.delete(f"{proxy.url}/admin/episodes/{episode}", headers=admin).json()
+    finally:
+        proxy.stop()
+    assert (run.exit_code, box.read_file("answer.txt")) == (0, b"fixed\n"), run.artifacts.logs["stderr"][-2000:]
+    assert closed["calls_recorded"] == len(case.plan)
+
+    codec, rebuilt = Codec.default(), PromptReconstructor()
+    records = [codec.decode(r.value).record for r in bus.consumer([MODEL_CALLS]).poll(max_records=100, timeout_s=1)]
+    bus.close()
+    traces = replay_traces(plan, episode, [request["body"] for request in recorder.requests])
+    assert [r["call_index"] for r in records] == list(range(len(case.plan)))
+    for record, trace in zip(records, traces, strict=True):
+        assert np.array_equal(rebuilt.add_model_call(record), trace.prompt_token_ids)
+        assert unpack_token_ids(record["completion_token_ids"]).tolist() == trace.completion_token_ids
+        assert unpack_logprobs(record["completion_logprobs"]).tolist() == pytest.approx(trace.completion_logprobs)
+        assert (record["harness"], record["policy_version"]) == (case.harness, 3)
