@@ -636,3 +636,53 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float =
         except httpx.TransportError:
             time.sleep(0.2)
     raise AssertionError(f"the engine did not become healthy (exit code {process.poll()})")
+
+
+def test_the_tiny_engine_behind_the_recording_proxy_is_recorded_token_exactly(base_url: str, tmp_path: Path) -> None:
+    from orchard.bus import open_bus
+    from orchard.codec import Codec
+    from orchard.config import EmbeddedBusConfig
+    from orchard.engines.token_trace import TokenTrace
+    from orchard.prefix_delta import PromptReconstructor
+    from orchard.tokens import unpack_logprobs, unpack_token_ids
+    from orchard.topics import MODEL_CALLS, STANDARD_TOPICS
+    from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
+
+    bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
+    for spec in STANDARD_TOPICS:
+        bus.create_topic(spec.name, spec.partitions, exist_ok=True)
+    admin = "engine-proxy-admin-0123456789"
+    proxy = BackgroundServer(create_proxy_app(ProxySettings(backend_base_url=f"{base_url}/v1", admin_token=admin), bus))
+    proxy.start()
+    headers = {"Authorization": f"Bearer {admin}"}
+    traces: list[TokenTrace] = []
+    try:
+        opening = {"episode_id": "engine-ep", "task_id": "t", "harness": "test", "model": MODEL, "ttl_s": 600}
+        token = httpx.post(f"{proxy.url}/admin/episodes", headers=headers, json=opening).json()["token"]
+        messages = [{"role": "user", "content": "fix the bug"}]
+        for _ in range(2):  # a two-turn conversation: the second prompt extends the first call
+            reply = httpx.post(
+                f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {token}"}, timeout=120,
+                json={"model": MODEL, "messages": messages, "max_tokens": 12, "seed": 7},
+            ).json()  # fmt: skip
+            assert "orchard" not in reply  # the harness sees a plain OpenAI response
+            direct = httpx.post(
+                f"{base_url}/v1/chat/completions", timeout=120,
+                json={"model": MODEL, "messages": messages, "max_tokens": 12, "seed": 7},
+            ).json()  # fmt: skip
+            traces.append(TokenTrace.model_validate(direct["orchard"]))
+            messages = [*messages, reply["choices"][0]["message"], {"role": "user", "content": "and the tests?"}]
+        closed = httpx.delete(f"{proxy.url}/admin/episodes/engine-ep", headers=headers).json()
+    finally:
+        proxy.stop()
+    assert closed["calls_recorded"] == 2
+    codec, rebuilt = Codec.default(), PromptReconstructor()
+    records = [codec.decode(r.value).record for r in bus.consumer([MODEL_CALLS]).poll(max_records=10, timeout_s=1)]
+    bus.close()
+    for record, trace in zip(records, traces, strict=True):
+        assert rebuilt.add_model_call(record).tolist() == trace.prompt_token_ids
+        assert unpack_token_ids(record["completion_token_ids"]).tolist() == trace.completion_token_ids
+        assert unpack_logprobs(record["completion_logprobs"]).tolist() == pytest.approx(
+            trace.completion_logprobs, abs=1e-5
+        )
+    assert records[1]["prompt_base_call_index"] == 0 and records[1]["prompt_prefix_length"] > 0
