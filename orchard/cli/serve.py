@@ -106,7 +106,8 @@ def env_serve(
     # Sandboxes must not see the bus or the store (the harness binaries under .orchard/harnesses stay visible).
     hidden = [Path(config.bus.path).resolve()] if isinstance(config.bus, EmbeddedBusConfig) else []
     hidden += [Path(config.store.path).resolve()] if isinstance(config.store, LocalStoreConfig) else []
-    runtime = LocalRuntime(sandboxes, hidden_paths=hidden)
+    harnesses = Path(".orchard/harnesses").resolve()  # infra/local/install_harnesses.sh puts Codex CLI there
+    runtime = LocalRuntime(sandboxes, hidden_paths=hidden, shared_paths=[harnesses] if harnesses.is_dir() else [])
     runner = LocalEpisodeRunner(
         runtime=runtime, tasks=TaskCatalog(tasks), proxy=ProxyAdmin(proxy, admin_token), proxy_url=proxy,
         producer=bus.producer(), run_id=config.run_id,

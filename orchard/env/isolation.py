@@ -47,11 +47,18 @@ _PROBE_TIMEOUT_S = 15.0
 HOLDER_SCRIPT = r"""
 set -e
 cd "$1"
-for d in /run /tmp /var/tmp /dev/shm; do
-  if [ -d "$d" ]; then mount -n -c -t tmpfs -o "mode=1777,size=$4" orchard-tmp "$d"; fi
+root="$2" name="$3" size="$4" loopback="$5" shared="$6"
+shift 6
+IFS_WAS="$IFS"
+IFS=:
+i=0
+for p in $shared; do
+  i=$((i+1)); mkdir -p ".orchard-shared/$i"; mount -n -c --bind "$p" ".orchard-shared/$i"
 done
-root="$2" name="$3" loopback="$5"
-shift 5
+IFS="$IFS_WAS"
+for d in /run /tmp /var/tmp /dev/shm; do
+  if [ -d "$d" ]; then mount -n -c -t tmpfs -o "mode=1777,size=$size" orchard-tmp "$d"; fi
+done
 for d in "$@"; do
   if [ -d "$d" ]; then mount -n -c -t tmpfs -o mode=0755,size=4k orchard-hidden "$d"; fi
 done
@@ -59,13 +66,21 @@ mkdir -p "$root"
 mount -n -c -t tmpfs -o mode=0711,size=64k orchard-root "$root"
 mkdir "$root/$name"
 mount -n -c --bind . "$root/$name"
+IFS=:
+i=0
+for p in $shared; do
+  i=$((i+1)); mkdir -p "$p"; mount -n -c --bind ".orchard-shared/$i" "$p"; mount -n -c -o remount,ro,bind "$p"
+done
+IFS="$IFS_WAS"
 if [ "$loopback" = lo ]; then ip link set lo up 2>/dev/null || true; fi
 echo ready
 read -r _ || true
 """
 """Run as root of the holder's new mount namespace: ``$1`` sandbox dir, ``$2`` runtime root, ``$3`` sandbox name,
 ``$4`` tmpfs size, ``$5`` ``lo`` to bring the loopback up here (otherwise the runtime does it through ``setns``),
-then the host directories to hide behind empty tmpfs mounts (canonical paths).
+``$6`` ``:``-separated host directories to share read-only at their own paths even when under a hidden or private
+directory (the harness installation, say: staged through the sandbox directory before the tmpfs mounts), then
+the host directories to hide behind empty tmpfs mounts (canonical paths).
 It prints ``ready`` and waits for its stdin to close, so the runtime can open its namespace files first. ``cd`` pins
 the sandbox's own directory before the tmpfs hides the runtime root, and ``mount --bind .`` (``-c``: not
 canonicalised) brings exactly that directory back under its own path. ``-n``: no utab bookkeeping (it would land
@@ -116,14 +131,23 @@ class Isolation:
         """The ``/proc/<pid>/ns`` entries of a holder to keep open."""
         return ("user", *NAMESPACES) if self.mode == "userns" else NAMESPACES
 
-    def holder_argv(self, sandbox_dir: Path, root_dir: Path, tmp_mb: int, hidden: Sequence[Path] = ()) -> list[str]:
+    def holder_argv(
+        self,
+        sandbox_dir: Path,
+        root_dir: Path,
+        tmp_mb: int,
+        hidden: Sequence[Path] = (),
+        shared: Sequence[Path] = (),
+    ) -> list[str]:
         """The process that creates a sandbox's namespaces (prints ``ready`` once its mounts are in place);
-        ``hidden``: host directories the sandbox sees empty."""
+        ``hidden``: host directories the sandbox sees empty; ``shared``: host directories it sees read-only."""
         unshare = [self.tools["unshare"], "--mount", "--net", "--uts", "--ipc", "--propagation", "private"]
         if self.mode == "userns":
             unshare.insert(1, "--map-root-user")
         loopback = "" if self.mode == "root" else "lo"
-        script_args = [str(sandbox_dir), str(root_dir), sandbox_dir.name, f"{tmp_mb}m", loopback, *map(str, hidden)]
+        shared_arg = ":".join(str(p) for p in shared)
+        script_args = [str(sandbox_dir), str(root_dir), sandbox_dir.name, f"{tmp_mb}m", loopback, shared_arg]
+        script_args += [str(p) for p in hidden]
         return [*unshare, "--", "/bin/sh", "-c", HOLDER_SCRIPT, "orchard-holder", *script_args]
 
     def command_argv(

@@ -67,6 +67,7 @@ class LocalRuntime(Runtime):
         git_snapshot: bool = False,
         allowed_sources: Sequence[Path] | None = None,
         hidden_paths: Sequence[Path] = (),
+        shared_paths: Sequence[Path] = (),
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         uid_allocator: UidAllocator | None = None,
     ) -> None:
@@ -76,7 +77,9 @@ class LocalRuntime(Runtime):
         ``git_snapshot``: make each working copy a fresh one-commit git repository. ``allowed_sources``: when set,
         ``spec.source_dir`` must lie under one of these directories. ``hidden_paths``: host directories sandboxes
         see empty (with namespaces) — whatever world-readable data they must not read, such as the bus and store
-        directories, task sources, hidden tests. ``max_output_bytes``: ``exec`` keeps at most this much of each of
+        directories, task sources, hidden tests. ``shared_paths``: host directories sandboxes see read-only at
+        their own paths even inside a private or hidden directory (harness installations).
+        ``max_output_bytes``: ``exec`` keeps at most this much of each of
         stdout and stderr (``exec_stream`` passes everything on).
         """
         self.root = Path(root).resolve()
@@ -91,7 +94,10 @@ class LocalRuntime(Runtime):
         hidden = tuple(Path(p).resolve() for p in hidden_paths)
         if hidden and not self.isolation.namespaces:
             log.warning("sandbox_hidden_paths_not_hidden", paths=[str(p) for p in hidden], reason="no namespaces")
-        self.provisioner = Provisioner(self.root, self.isolation, uids, self.bridge, git_snapshot, hidden)
+        shared = tuple(Path(p).resolve() for p in shared_paths)
+        if any(":" in str(p) for p in shared):
+            raise ValueError(f"shared paths may not contain ':': {[str(p) for p in shared]}")
+        self.provisioner = Provisioner(self.root, self.isolation, uids, self.bridge, git_snapshot, hidden, shared)
         self._producer_lock = threading.Lock()
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._reserved: set[str] = set()

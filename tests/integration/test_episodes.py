@@ -23,6 +23,7 @@ from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 MODEL = "scripted-model"
+HARNESSES = Path(__file__).resolve().parents[2] / ".orchard" / "harnesses"
 ADMIN = "admin-secret-0123456789"  # noqa: S105 - a test token
 TASK_YAML = """\
 task_id: write-answer
@@ -63,7 +64,8 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     backend = BackgroundServer(create_scripted_app(plan, policy_version=5), lifespan="off").start()
     settings = ProxySettings(backend_base_url=f"{backend.url}/v1", admin_token=ADMIN, run_id="run-e2e")
     proxy = BackgroundServer(create_proxy_app(settings, bus)).start()
-    runtime = LocalRuntime(tmp_path / "sandboxes")
+    # The Codex installation may sit under /tmp (a checkout there), which sandboxes see as their own empty tmpfs.
+    runtime = LocalRuntime(tmp_path / "sandboxes", shared_paths=[HARNESSES])
     yield {"bus": bus, "proxy": proxy, "runtime": runtime, "tasks": TaskCatalog(make_tasks(tmp_path / "tasks"))}
     runtime.close()
     proxy.stop()

@@ -644,3 +644,25 @@ def test_uid_leases_evict_stray_processes() -> None:
     finally:
         stray.kill()
         stray.wait()
+
+
+@needs_root_mode
+def test_shared_paths_are_visible_read_only_even_under_the_private_tmp(tmp_path: Path) -> None:
+    # Directly under /tmp (pytest's own tmp_path sits in a 0700 directory the sandbox user cannot traverse);
+    # every sandbox otherwise sees /tmp as its own empty tmpfs.
+    tools = Path(tempfile.mkdtemp(prefix="orchard-shared-tools-", dir="/tmp"))  # noqa: S108
+    tools.chmod(0o755)
+    (tools / "harness.sh").write_text("echo harness ran\n")
+    (tools / "harness.sh").chmod(0o755)
+    shared = LocalRuntime(tmp_path / "rt-shared", shared_paths=[tools])
+    plain = LocalRuntime(tmp_path / "rt-plain")
+    try:
+        box = shared.create(spec("shared"))
+        assert box.exec(f"sh {tools}/harness.sh").stdout == "harness ran\n"
+        assert box.exec(f"touch {tools}/planted").exit_code != 0
+        assert plain.create(spec("plain")).exec(f"test -e {tools}/harness.sh").exit_code == 1
+        assert sorted(p.name for p in tools.iterdir()) == ["harness.sh"]
+    finally:
+        shared.close()
+        plain.close()
+        shutil.rmtree(tools, ignore_errors=True)
