@@ -2,9 +2,10 @@
 
 Each accepted request takes a ticket of its episode's ``CallSequencer`` at once, so calls are recorded in the order
 they arrived. A non-streamed answer is parsed, stripped of its trace and returned; its recording is queued. A stream
-is relayed event by event as it arrives; the call is recorded when it ends (from the same ``Completion`` a
-non-streamed answer gives). A call is recorded only when the backend answered with a valid trace and, for a stream,
-the harness received all of it; otherwise its ticket is released and nothing is recorded. An error in the middle of
+is relayed event by event as it arrives; the call is recorded when the backend's stream ends, just before its last
+batch is sent (from the same ``Completion`` a non-streamed answer gives). A call is recorded only when the backend
+answered with a valid trace and, for a stream, the harness stayed until the backend's stream ended; otherwise its
+ticket is released and nothing is recorded. An error in the middle of
 a stream, once headers are sent, reaches the harness as a last event: ``data: {"error": ...}`` on chat completions,
 ``response.failed`` on the Responses API.
 """
@@ -105,21 +106,30 @@ class _StreamRelay:
         self._owns_ticket = True
 
     async def events(self) -> AsyncIterator[bytes]:
-        """The events to send; records the call after the last one was handed over."""
+        """The events to send; the call is recorded once the backend's stream has ended, before its last batch is
+        handed over. A harness commonly hangs up as soon as it has the final event; recording after that last
+        ``yield`` would lose such a call (the relay is cancelled at the ``yield``), so the last batch waits for it."""
+        held: bytes | None = None
         try:
             with backend_errors(self.forwarder.backend.timeout_s):
                 async for batch in iter_event_batches(self.upstream.aiter_bytes()):
-                    yield b"".join([self.assembler.feed(event) for event in batch])
+                    if held is not None:
+                        yield held
+                    held = b"".join([self.assembler.feed(event) for event in batch])
             if self.assembler.backend_failed:
+                if held is not None:
+                    yield held
                 return
             completions = self.assembler.completions()
         except ProxyError as exc:
             self.session.log.warning("stream failed", error=exc.message, code=exc.code)
-            yield self._error_event(exc)
+            yield (held or b"") + self._error_event(exc)
             return
         latency_ms = (time.perf_counter() - self.started) * 1000
         self._owns_ticket = False
         self.session.spawn_record(self.ticket, AnsweredCall(self.request, completions, latency_ms, self.received_ms))
+        if held is not None:
+            yield held
 
     def _error_event(self, exc: ProxyError) -> bytes:
         error = exc.payload()["error"]

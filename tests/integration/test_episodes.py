@@ -4,10 +4,12 @@ then the grader and the outcome — every call recorded and acknowledged before 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from orchard.bus import open_bus
@@ -130,4 +132,36 @@ def test_an_episode_past_its_timeout_gets_a_timed_out_outcome_and_its_sandbox_re
     [outcome] = read(stack["bus"], OUTCOMES)
     assert (outcome["episode_id"], outcome["status"], outcome["success"]) == ("ep-slow", "TIMED_OUT", False)
     assert "timeout" in (outcome["error"] or "")
+    assert stack["runtime"].list() == []
+
+
+def test_a_hundred_concurrent_episodes_all_end_with_exactly_one_outcome(stack: dict[str, Any]) -> None:
+    async def scenario() -> list[Any]:
+        admin = ProxyAdmin(stack["proxy"].url, ADMIN)
+        runner = LocalEpisodeRunner(
+            runtime=stack["runtime"], tasks=stack["tasks"], proxy=admin, proxy_url=stack["proxy"].url,
+            producer=stack["bus"].producer(), run_id="run-e2e",
+        )  # fmt: skip
+        scheduler = Scheduler(runner, concurrency=16, timeout_s=600)
+        ids = [f"ep-many-{i:03d}" for i in range(100)]
+        for episode_id in ids:
+            scheduler.submit({"task_id": "write-answer", "harness": "codex", "model": MODEL}, episode_id)
+        episodes = [await scheduler.wait(episode_id) for episode_id in ids]
+        await admin.aclose()
+        return episodes
+
+    episodes = asyncio.run(scenario())
+    assert {e.state for e in episodes} == {EpisodeState.SUCCEEDED}, [(e.episode_id, e.error) for e in episodes][:5]
+    outcomes = read(stack["bus"], OUTCOMES)
+    assert sorted(o["episode_id"] for o in outcomes) == [f"ep-many-{i:03d}" for i in range(100)]
+    calls = read(stack["bus"], MODEL_CALLS)
+    counted: dict[str, int] = {}
+    for call in calls:
+        counted[call["episode_id"]] = counted.get(call["episode_id"], 0) + 1
+    assert counted == {o["episode_id"]: o["num_model_calls"] for o in outcomes}  # outcomes count what is on the bus
+    short = [e.episode_id for e in episodes if counted.get(e.episode_id) != 2]
+    # Codex hangs up as soon as it has `response.completed`: such a call must still be recorded (it once was not).
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    summaries = [httpx.get(f"{stack['proxy'].url}/admin/episodes/{e}", headers=admin).json() for e in short]
+    assert short == [], json.dumps(summaries)
     assert stack["runtime"].list() == []
