@@ -24,14 +24,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from consumers.trajectory import Step, Trajectory
-from orchard.clock import now_ms
 from orchard.exceptions import OrchardError
 
 
@@ -173,8 +171,11 @@ def _instantiate(target: Any, name: str | None) -> RewardPlugin:
     raise RewardPluginError(f"{target!r} is not a RewardPlugin subclass, instance or function")
 
 
-def step_score_record(trajectory: Trajectory, score: Score, scorer: str) -> dict[str, Any]:
-    """The ``StepScore`` record (topic ``scores``) for one score of one trajectory."""
+def step_score_record(trajectory: Trajectory, score: Score, scorer: str, timestamp_ms: int) -> dict[str, Any]:
+    """The ``StepScore`` record (topic ``scores``) for one score of one trajectory.
+
+    ``timestamp_ms`` comes from the input (the trajectory record), so replays give identical records.
+    """
     step_versions = {step.call_index: step.policy_version for step in trajectory.steps}
     if score.call_index not in step_versions:
         raise RewardPluginError(
@@ -190,9 +191,9 @@ def step_score_record(trajectory: Trajectory, score: Score, scorer: str) -> dict
         "policy_version": step_versions[score.call_index],
         "token_start": score.token_start,
         "token_end": score.token_end,
-        "score": float(score.score) if not math.isnan(score.score) else math.nan,
+        "score": float(score.score),
         "details_json": json.dumps(dict(score.details), sort_keys=True),
-        "timestamp": now_ms(),
+        "timestamp": timestamp_ms,
     }
 
 
