@@ -2,8 +2,10 @@
 
 It owns the tokenizer (prompts are rendered by the checkpoint's own chat template and tokenized once, here), the
 weights being served (a ``ServingModel`` with its policy version) and the ``BatchScheduler`` that generates. The
-OpenAI layer (``orchard.engines.openai_api``) turns HTTP requests into ``render_prompt`` + ``submit`` calls; the
-reloader (``orchard.engines.reload``) calls ``load_version`` with a downloaded checkpoint to switch weights.
+OpenAI layer (``orchard.engines.openai_api``) turns HTTP requests into ``render_prompt`` + ``submit`` calls, and
+``/v1/completions`` echo logprobs into ``score`` (one forward pass of a given sequence, ``orchard.engines.scoring``,
+run beside the scheduler on the weights it serves, one sequence at a time); the reloader
+(``orchard.engines.reload``) calls ``load_version`` with a downloaded checkpoint to switch weights.
 
 A tiny-family name (``tiny-llama``, see ``orchard.engines.tiny``) is built into a cache directory first, so it is
 loaded by the same code as any other checkpoint. Loading refuses, with ``CheckpointError``, a checkpoint whose
@@ -14,6 +16,7 @@ tensors at random, silently), and a new version whose architecture or vocabulary
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from orchard.engines.batching import BatchScheduler, GenerationHandle, ServingMo
 from orchard.engines.config import EngineConfig
 from orchard.engines.exceptions import CheckpointError, ContextLengthError, InvalidRequestError
 from orchard.engines.sampling import SamplingParams
+from orchard.engines.scoring import SequenceScores, score_sequence
 from orchard.engines.tiny import ensure_tiny_checkpoint, is_tiny_name
 from orchard.logging import get_logger
 
@@ -118,6 +122,8 @@ class LocalEngine:
         self._reference = model.config
         limit = int(getattr(model.config, "max_position_embeddings", 0) or max_context or 2048)
         self.max_context = min(max_context or limit, limit)
+        self.vocab_size = int(model.config.vocab_size)
+        self._score_lock = threading.Lock()  # one scoring pass at a time: bounds the memory of full-sequence logits
         self.scheduler = BatchScheduler(
             ServingModel(model, policy_version),
             self.tokenizer,
@@ -181,6 +187,27 @@ class LocalEngine:
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template cannot render these messages: {exc}", "messages") from exc
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of raw ``text`` (no chat template), with the tokenizer's special tokens as vLLM adds them."""
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def check_token_ids(self, token_ids: Sequence[int], param: str = "prompt") -> None:
+        """``InvalidRequestError`` naming ``param`` if a token id is outside the model's vocabulary."""
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"token ids {bad[:5]} are outside this model's vocabulary of {self.vocab_size}", param
+            )
+
+    def score(self, token_ids: Sequence[int], top_n: int = 0) -> tuple[SequenceScores, int]:
+        """Logprob of each token of ``token_ids`` given those before it, and the policy version that scored them.
+
+        Blocking (a forward pass): call it from a worker thread, not the event loop.
+        """
+        serving = self.scheduler.serving
+        with self._score_lock:
+            return score_sequence(serving.model, token_ids, top_n), serving.version
 
     def completion_budget(self, prompt_tokens: int, requested: int | None) -> int:
         """The ``max_tokens`` to generate: as requested, or the default, within the context that remains."""

@@ -5,18 +5,23 @@ when ``n > 1``), top level of the last chat chunk before ``[DONE]``, top level o
 ``response`` of ``response.completed``. A streamed answer carries the same trace, token ids and text as the
 non-streamed one: both are built from the same ``Completion``, and streamed text is the detokenizer's and the tool
 filter's releases, which add up to the final content.
+
+Legacy ``/v1/completions`` objects (``text_completion``) carry no trace: their ``logprobs`` object is OpenAI's
+(``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), with the prompt's tokens first when ``echo``
+(the first of them without a logprob, ``null``), and token strings as ``"token_id:<id>"`` when
+``return_tokens_as_token_ids`` (vLLM's extension) was asked.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchard.engines.batching import Completion, FinishEvent, GenerationHandle
-from orchard.engines.openai_requests import PromptRequest
+from orchard.engines.openai_requests import CompletionRequest, PromptRequest
 from orchard.engines.token_trace import TokenTrace
 from orchard.engines.tool_parsing import ParsedOutput, ToolCallStreamFilter, parse_tool_calls
 
@@ -256,3 +261,66 @@ def _function_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
         {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
         {"type": "response.output_item.done", "output_index": index, "item": item},
     ]
+
+
+# ---------------------------------------------------------------------------------------------------- completions
+@dataclass(frozen=True)
+class CompletionChoice:
+    """One choice of a legacy completion: the tokens it shows, their logprobs and alternatives, its text.
+
+    ``token_ids`` is the echoed prompt (when ``echo``) followed by the generated tokens; ``logprobs[i]`` is None
+    only for the first token of an echoed prompt; ``top[i]`` maps token id to logprob (see
+    ``orchard.engines.scoring.SequenceScores``).
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float | None]
+    top: list[dict[int, float] | None]
+    finish_reason: str
+
+
+def text_completion(
+    request: CompletionRequest,
+    reply_id: str,
+    choices: list[CompletionChoice],
+    usage: tuple[int, int],
+    token_text: Callable[[int], str],
+) -> dict[str, Any]:
+    """The ``text_completion`` object; ``usage`` is (prompt tokens, completion tokens), ``token_text`` one token's
+    text."""
+    return {
+        "id": f"cmpl-{reply_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [
+            {
+                "index": index,
+                "text": choice.text,
+                "logprobs": None if request.logprobs is None else _logprobs_object(request, choice, token_text),
+                "finish_reason": choice.finish_reason,
+            }
+            for index, choice in enumerate(choices)
+        ],
+        "usage": _chat_usage(*usage),
+    }
+
+
+def _logprobs_object(
+    request: CompletionRequest, choice: CompletionChoice, token_text: Callable[[int], str]
+) -> dict[str, Any]:
+    def name(token: int) -> str:
+        return f"token_id:{token}" if request.tokens_as_ids else token_text(token)
+
+    pieces = [token_text(token) for token in choice.token_ids]
+    offsets, offset = [], 0
+    for piece in pieces:
+        offsets.append(offset)
+        offset += len(piece)
+    return {
+        "tokens": [name(token) for token in choice.token_ids],
+        "token_logprobs": choice.logprobs,
+        "top_logprobs": [None if top is None else {name(t): lp for t, lp in top.items()} for top in choice.top],
+        "text_offset": offsets,
+    }

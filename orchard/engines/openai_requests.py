@@ -1,4 +1,5 @@
-"""OpenAI request bodies (chat completions and responses) checked and normalised into one ``PromptRequest``.
+"""OpenAI request bodies checked and normalised: chat completions and responses into one ``PromptRequest``, legacy
+completions into a ``CompletionRequest``.
 
 Both APIs end up as chat-template messages plus tools in the chat-completions shape, so the same conversation
 renders to the same prompt tokens whichever API carried it. Departures from OpenAI, on purpose:
@@ -10,6 +11,11 @@ renders to the same prompt tokens whichever API carried it. Departures from Open
 - ``n > 1`` is refused with ``stream`` (the token-trace contract puts one trace on the last chunk);
 - ``logprobs``/``top_logprobs`` are ignored: the raw logprob of every sampled token is in the ``orchard`` trace;
 - ``previous_response_id`` is refused: the engine stores nothing, so the whole conversation must be in ``input``.
+
+The legacy ``/v1/completions`` body (``completion_request``) takes ``prompt`` as text or token ids (one prompt or a
+list of them), no chat template, and answers ``echo``/``logprobs`` the way vLLM does: ``echo: true, logprobs: 0,
+max_tokens: 0`` scores a given token sequence. Its departures: ``stream``, ``suffix`` and ``best_of > 1`` are
+refused; ``return_tokens_as_token_ids`` (a vLLM extension) is accepted; ``logprobs`` may be 0 to 20.
 
 Every problem raises ``InvalidRequestError`` naming the parameter, which the app answers with HTTP 400.
 """
@@ -25,9 +31,13 @@ from typing import Any, Literal
 from orchard.engines.exceptions import InvalidRequestError
 
 Flavour = Literal["chat", "responses"]
+Prompt = str | list[int]
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_STOP_STRINGS = 4
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_LOGPROBS = 20
+MAX_PROMPTS = 128
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for the legacy API
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,23 @@ class PromptRequest:
     stream: bool
     include_usage: bool
     body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A legacy ``/v1/completions`` request: raw prompts (text or token ids), no chat template."""
+
+    model: str
+    prompts: list[Prompt]
+    max_tokens: int
+    echo: bool
+    logprobs: int | None
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...]
+    seed: int | None
+    n: int
+    tokens_as_ids: bool
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -95,6 +122,57 @@ def responses_request(body: Mapping[str, Any]) -> PromptRequest:
         messages.insert(0, {"role": "system", "content": instructions})
     tools = [_responses_tool(tool, f"tools[{i}]") for i, tool in enumerate(_list(body, "tools"))]
     return _prompt_request("responses", body, messages, tools, body.get("max_output_tokens"))
+
+
+def completion_request(body: Mapping[str, Any]) -> CompletionRequest:
+    """A legacy ``/v1/completions`` body (see the module docstring)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("'model' must be a non-empty string", "model")
+    if _bool(body, "stream"):
+        raise InvalidRequestError("stream is not supported by /v1/completions on this engine", "stream")
+    if body.get("suffix"):
+        raise InvalidRequestError("'suffix' is not supported", "suffix")
+    if body.get("best_of") not in (None, 1):
+        raise InvalidRequestError("'best_of' other than 1 is not supported", "best_of")
+    return CompletionRequest(
+        model=model,
+        prompts=_prompts(body.get("prompt")),
+        max_tokens=_int(body, "max_tokens", DEFAULT_COMPLETION_TOKENS, low=0),
+        echo=_bool(body, "echo"),
+        logprobs=_int(body, "logprobs", None, low=0, high=MAX_LOGPROBS),
+        temperature=_float(body, "temperature", 1.0, low=0.0, high=2.0),
+        top_p=_float(body, "top_p", 1.0, low=0.0, high=1.0, low_open=True),
+        stop=_stop(body.get("stop")),
+        seed=_int(body, "seed", None),
+        n=_int(body, "n", 1, low=1, high=128),
+        tokens_as_ids=_bool(body, "return_tokens_as_token_ids"),
+    )
+
+
+def _prompts(raw: Any) -> list[Prompt]:
+    """``prompt``: a string, an array of token ids, or an array of either (a batch)."""
+    if isinstance(raw, str) or _is_token_ids(raw):
+        prompts = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(p, str) or _is_token_ids(p) for p in raw):
+        prompts = list(raw)
+    else:
+        raise InvalidRequestError(
+            "'prompt' must be a string, a non-empty array of token ids, or a non-empty array of either", "prompt"
+        )
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidRequestError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
+    if any(not p for p in prompts):
+        raise InvalidRequestError("a prompt must not be empty", "prompt")
+    return prompts
+
+
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
 
 
 def _prompt_request(
