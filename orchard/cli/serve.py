@@ -27,21 +27,38 @@ def _secret(name: str) -> str:
 @engine_app.command("serve")
 def engine_serve(
     ctx: typer.Context,
-    model: str = typer.Option("tiny-llama", "--model", help="Checkpoint directory or built-in tiny-* name."),
+    model: str = typer.Option(
+        "tiny-llama", "--model", help="Checkpoint directory, built-in tiny-* name, or (vllm) a Hugging Face model id."
+    ),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     max_batch_size: int = typer.Option(32, "--max-batch-size", min=1),
     reload: bool = typer.Option(False, "--reload/--no-reload", help="Follow policy-versions and hot-reload weights."),
+    backend: str = typer.Option(
+        "local",
+        "--backend",
+        help="local (Orchard's engine) or vllm (a shim in front of vLLM: pip install 'orchard-rl\\[vllm]').",
+    ),
+    vllm_url: str | None = typer.Option(
+        None, "--vllm-url", help="With --backend vllm: attach to this running vLLM server instead of launching one."
+    ),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, "--gpu-memory-utilization", help="With --backend vllm (launched): fraction of GPU memory vLLM may take."
+    ),
 ) -> None:
-    """Serve a model over the OpenAI API with token traces (CPU or GPU)."""
+    """Serve a model over the OpenAI API with token traces (CPU or GPU; vLLM on a GPU)."""
     from orchard.engines.config import EngineConfig, serve_engine
 
     config = state(ctx).config()
+    settings: dict[str, object] = {
+        "type": backend, "model": model, "host": host, "port": port, "max_batch_size": max_batch_size,
+        "policy_updates": {"enabled": reload},
+    }  # fmt: skip
+    vllm = {"url": vllm_url, "gpu_memory_utilization": gpu_memory_utilization}
+    if any(value is not None for value in vllm.values()):
+        settings["vllm"] = {key: value for key, value in vllm.items() if value is not None}
     try:
-        engine = EngineConfig.model_validate(
-            {"model": model, "host": host, "port": port, "max_batch_size": max_batch_size,
-             "policy_updates": {"enabled": reload}}
-        )  # fmt: skip
+        engine = EngineConfig.model_validate(settings)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "engine options")) from exc
     serve_engine(engine, config)

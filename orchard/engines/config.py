@@ -1,15 +1,23 @@
 """``EngineConfig``: how an inference engine is started, in Orchard's typed config system (imports without torch).
 
-``serve_engine(config, orchard_config)`` runs the local engine's OpenAI server until interrupted, with hot reload
+``serve_engine(config, orchard_config)`` runs the engine's OpenAI server until interrupted, with hot reload
 of the ``policy-versions`` topic when ``config.policy_updates.enabled``; ``orchard engine serve`` calls it. The
-heavy modules (torch, transformers) are imported only inside it.
+heavy modules (torch, transformers, the vLLM client) are imported only inside it.
+
+``type`` picks the backend: ``local`` (Orchard's own engine, CPU or GPU) or ``vllm`` (an Orchard shim in front of a
+vLLM OpenAI server that Orchard launches, or attaches to with ``vllm.url``; see ``orchard.engines.vllm_backend``).
 
 .. code-block:: yaml
 
-    model: tiny-llama            # or a checkpoint directory
+    model: tiny-llama            # or a checkpoint directory (or, for vllm, a Hugging Face model id)
     port: 8001
     max_batch_size: 32
     policy_updates: {enabled: true, model: policy}
+
+    # the vLLM backend instead:
+    type: vllm
+    model: /models/Qwen2.5-0.5B-Instruct
+    vllm: {gpu_memory_utilization: 0.8, tool_call_parser: hermes, extra_args: ["--enforce-eager"]}
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchard.config import DEFAULT_HOME
 
@@ -42,14 +50,79 @@ class PolicyUpdatesConfig(BaseModel):
     poll_timeout_s: float = Field(0.5, gt=0, le=10, description="Longest wait of one poll of the topic.")
 
 
-class EngineConfig(BaseModel):
-    """The local inference engine: which checkpoint, where it listens, how it batches, and hot reload."""
+# vLLM options Orchard passes itself; in ``extra_args`` they would contradict the config (or break hot reload).
+_MANAGED_VLLM_FLAGS = (
+    "--host", "--port", "--served-model-name", "--gpu-memory-utilization", "--dtype", "--max-model-len",
+    "--tensor-parallel-size", "--worker-extension-cls", "--tool-call-parser", "--enable-auto-tool-choice",
+)  # fmt: skip
+# Only meaningful when Orchard starts vLLM; with ``url`` set they would be silently ignored, so they are refused.
+_LAUNCH_ONLY_FIELDS = (
+    "executable", "port", "gpu_memory_utilization", "tensor_parallel_size", "tool_call_parser", "extra_args",
+    "startup_timeout_s",
+)  # fmt: skip
+
+
+class VLLMConfig(BaseModel):
+    """The vLLM backend: attach to a running vLLM OpenAI server (``url``), or launch one (``url`` unset)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["local"] = Field("local", description="Engine backend.")
+    url: str | None = Field(
+        None,
+        pattern=r"^https?://[^/\s]+/?$",
+        description="Base URL of a running vLLM server to attach to (http://host:port, no /v1); unset: launch one. "
+        "Hot reload needs it started with VLLM_SERVER_DEV_MODE=1 and "
+        "--worker-extension-cls orchard.engines.vllm_worker.OrchardWorkerExtension.",
+    )
+    executable: str = Field("vllm", min_length=1, description="The vLLM command to launch (``vllm serve ...``).")
+    port: int = Field(0, ge=0, le=65535, description="Port of the launched vLLM server (0: any free port).")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="Fraction of GPU memory vLLM may take (weights, activations, KV cache)."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs the launched model is sharded over.")
+    tool_call_parser: str | None = Field(
+        "hermes",
+        min_length=1,
+        description="vLLM tool-call parser (hermes reads the <tool_call> blocks of Qwen-style and tiny models); "
+        "None: tools are rendered but calls are not parsed.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="More ``vllm serve`` arguments, e.g. ['--enforce-eager']."
+    )
+    startup_timeout_s: float = Field(900.0, gt=0, description="Longest wait for a launched vLLM to become healthy.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Longest wait for one vLLM response (or stream read).")
+    drain_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest wait for in-flight requests to finish before a weight swap; past it the new version "
+        "is refused and the old one keeps serving.",
+    )
+    reload_timeout_s: float = Field(600.0, gt=0, description="Longest wait for vLLM to load a new version's weights.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VLLMConfig:
+        managed = [a for a in self.extra_args if a.split("=", 1)[0] in _MANAGED_VLLM_FLAGS]
+        if managed:
+            raise ValueError(f"extra_args: {managed} are set by Orchard from the engine config; use those fields")
+        if self.url is not None:
+            launch_only = sorted(set(_LAUNCH_ONLY_FIELDS) & self.model_fields_set)
+            if launch_only:
+                raise ValueError(f"{', '.join(launch_only)}: only apply when Orchard launches vLLM, but url is set")
+        return self
+
+
+class EngineConfig(BaseModel):
+    """An inference engine: which checkpoint, where it listens, how it batches, hot reload, and which backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["local", "vllm"] = Field(
+        "local", description="Engine backend: Orchard's local engine, or vLLM behind an Orchard shim."
+    )
     model: str = Field(
-        "tiny-llama", min_length=1, description="Checkpoint directory, or a tiny-family name (tiny-llama)."
+        "tiny-llama",
+        min_length=1,
+        description="Checkpoint directory, or a tiny-family name (tiny-llama); for vllm also a Hugging Face id.",
     )
     served_model_name: str | None = Field(None, description="Model id of the API; default: the model's last path part.")
     tiny_seed: int = Field(0, ge=0, description="Seed the weights of a tiny-family model are built from.")
@@ -75,10 +148,22 @@ class EngineConfig(BaseModel):
     )
     policy_version: int = Field(0, ge=0, description="Policy version the checkpoint itself is.")
     policy_updates: PolicyUpdatesConfig = Field(default_factory=PolicyUpdatesConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="The vLLM backend (type: vllm only).")
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> EngineConfig:
+        if self.type == "local" and "vllm" in self.model_fields_set:
+            raise ValueError("vllm: settings given, but type is 'local' (set type: vllm to use them)")
+        return self
 
 
 def serve_engine(config: EngineConfig, orchard_config: OrchardConfig) -> None:
     """Serve ``config``'s model over the OpenAI API until interrupted (blocking); reload weights if configured."""
+    if config.type == "vllm":
+        from orchard.engines.vllm_backend import serve_vllm
+
+        serve_vllm(config, orchard_config)
+        return
     import uvicorn
 
     from orchard.engines.local import LocalEngine
