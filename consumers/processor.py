@@ -46,6 +46,7 @@ class Input:
     timestamp_ms: int
     partition: int
     offset: int
+    value: bytes = b""  # the record's encoded bytes as read (lets a processor keep or forward it without re-encoding)
 
 
 class Emit(Protocol):

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from consumers.config import ConsumersConfig
 from orchard.exceptions import ConfigError
 
 DEFAULT_HOME = Path(".orchard")
@@ -99,6 +100,7 @@ class OrchardConfig(BaseSettings):
     run_id: str = Field("default", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Identity of the run.")
     bus: BusConfig = Field(default_factory=EmbeddedBusConfig)
     store: StoreConfig = Field(default_factory=LocalStoreConfig)
+    consumers: ConsumersConfig = Field(default_factory=ConsumersConfig)
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -20,6 +20,7 @@ MODEL_CALLS = "model-calls"
 OUTCOMES = "outcomes"
 SCORES = "scores"
 SAMPLES = "samples"
+TRAJECTORIES = "trajectories"
 POLICY_VERSIONS = "policy-versions"
 SANDBOX_EVENTS = "sandbox-events"
 DEAD_LETTERS = "dead-letters"
@@ -27,6 +28,7 @@ DEAD_LETTERS = "dead-letters"
 STANDARD_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(MODEL_CALLS, "ModelCall", "every model call, token-exact, keyed by episode id"),
     TopicSpec(OUTCOMES, "EpisodeOutcome", "one outcome per episode, keyed by episode id"),
+    TopicSpec(TRAJECTORIES, "Trajectory", "assembled episodes (calls in order + outcome), keyed by episode id"),
     TopicSpec(SCORES, "StepScore", "reward consumers' scores of calls or token spans"),
     TopicSpec(SAMPLES, "TrainingSample", "training samples for the policy and value trainers"),
     TopicSpec(POLICY_VERSIONS, "PolicyVersion", "published weights, in order", partitions=1),

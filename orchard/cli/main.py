@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from orchard import __version__
-from orchard.cli import consumer, demo, schemas, serve, tail, topics, train
+from orchard.cli import consumer, demo, replay, schemas, serve, tail, topics, train, train_value
 from orchard.cli.common import CliState, err_console
 from orchard.exceptions import OrchardError
 
@@ -25,7 +25,9 @@ app.add_typer(serve.engine_app, name="engine")
 app.add_typer(serve.proxy_app, name="proxy")
 app.add_typer(serve.env_app, name="env")
 app.add_typer(consumer.app, name="consumer")
+app.command("replay")(replay.replay)
 app.add_typer(train.app, name="train")
+app.command("eval")(train_value.eval_rerank)
 
 
 @app.callback()

@@ -107,7 +107,7 @@ def test_unreachable_kafka_is_one_clear_line(tmp_path: Path) -> None:
 def test_schemas_check_and_list(tmp_path: Path) -> None:
     check = orchard("schemas", "check", cwd=tmp_path)
     assert check.returncode == 0, check.stderr
-    assert "7 schemas" in check.stdout
+    assert "8 schemas" in check.stdout
     listing = orchard("schemas", "list", cwd=tmp_path)
     assert "ModelCall" in listing.stdout and "v1" in listing.stdout
 

@@ -1,0 +1,277 @@
+"""Stream-consumer throughput: the trajectory assembler beside a plain consume-and-produce loop, same records, same run.
+
+A realistic mix: episodes of 30 model calls (a growing agent context: first prompt 2,000 tokens, +250 completion and
++400 tool-output tokens per call, prefix-delta encoded by the EpisodeRecorder exactly as the proxy publishes them),
+interleaved in waves of 20 concurrent episodes. Per backend it prints episodes/s and ModelCall records/s of
+
+- a plain loop moving the same records from the input topics to another topic (raw confluent-kafka on Kafka:
+  consume + produce, no decode, no transaction; the embedded bus's own consumer + producer on the embedded log);
+- the assembler under the consumer runtime (decode, join, state changelog, one transaction per poll, emit one
+  Trajectory per episode);
+- the assembler, then the sample builder over its trajectories, when ``consumers.samples.SampleBuilder`` exists;
+
+then the memory the assembler holds per open episode. Starts its own single-node Kafka (infra/local/services.py)
+unless ORCHARD_KAFKA_BOOTSTRAP is set.
+
+    python benchmarks/consumer_pipeline.py [--episodes 200] [--skip-kafka]
+"""
+# ruff: noqa: E402  (the script's own folder leaves sys.path before the `consumers` package is imported)
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path; keep it from shadowing installed packages.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import importlib.util
+import os
+import tempfile
+import threading
+import time
+import tracemalloc
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+from confluent_kafka import Consumer as RawConsumer
+from confluent_kafka import Producer as RawProducer
+from confluent_kafka import TopicPartition as RawTopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from consumers.assembler import TrajectoryAssembler
+from consumers.config import RuntimeConfig
+from consumers.processor import Processor
+from consumers.runtime import ConsumerRuntime, DriverCore, RuntimeStats
+from consumers.state import ChangelogStateStore
+from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
+from orchard.bus import Bus, Record, open_bus
+from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
+from orchard.logging import configure_logging
+
+REPO = Path(__file__).resolve().parents[1]
+CALLS, WAVE = 30, 20
+console = Console(width=150)
+
+
+def make_episodes(count: int) -> list[SyntheticEpisode]:
+    """``count`` synthetic 30-call episodes."""
+    return [
+        synthetic_episode(
+            f"bench-{i}", calls=CALLS, seed=i, first_prompt_tokens=2000, completion_tokens=250, tool_output_tokens=400
+        )  # fmt: skip
+        for i in range(count)
+    ]
+
+
+def interleave(episodes: list[SyntheticEpisode]) -> list[CapturedRecord]:
+    """Waves of ``WAVE`` concurrent episodes, records shuffled within a wave."""
+    rng = np.random.default_rng(0)
+    out: list[CapturedRecord] = []
+    for start in range(0, len(episodes), WAVE):
+        wave = [r for e in episodes[start : start + WAVE] for r in e.records]
+        out += [wave[i] for i in rng.permutation(len(wave))]
+    return out
+
+
+def publish(bus: Bus, namespace: str, records: list[CapturedRecord]) -> None:
+    """The records onto ``<namespace>.model-calls`` / ``.outcomes`` (4 partitions each)."""
+    for topic in ("model-calls", "outcomes"):
+        bus.create_topic(f"{namespace}.{topic}", 4, exist_ok=True)
+    producer = bus.producer()
+    for record in records:
+        producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
+    producer.flush(120)
+    producer.close()
+
+
+def run_timed(
+    bus: Bus,
+    processor: Processor,
+    namespace: str,
+    done: Callable[[RuntimeStats], bool],
+    config: RuntimeConfig,
+    limit_s: float = 120,
+) -> float:
+    """Seconds from the runtime's first input record until ``done(stats)``."""
+    runtime = ConsumerRuntime(bus, processor, namespace=namespace, instance_id="bench", config=config)
+    thread = threading.Thread(target=runtime.run, daemon=True)
+    thread.start()
+    started = None
+    deadline = time.monotonic() + limit_s
+    try:
+        while not done(runtime.stats):
+            if started is None and runtime.stats.records_in:
+                started = time.perf_counter()
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError(f"{processor.name}: not done after {limit_s:g}s ({runtime.stats})")
+            time.sleep(0.002)
+        return time.perf_counter() - (started or time.perf_counter())
+    finally:
+        runtime.stop()
+        thread.join(30)
+
+
+def raw_kafka_loop(bootstrap: str, namespace: str, total: int) -> float:
+    """Plain confluent-kafka: consume every input record and produce it to another topic (seconds)."""
+    producer = RawProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                            "linger.ms": 5, "message.max.bytes": 2_000_000})  # fmt: skip
+    consumer = RawConsumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex}",
+                            "enable.auto.commit": False})  # fmt: skip
+    consumer.assign(
+        [RawTopicPartition(f"{namespace}.{t}", p, 0) for t in ("model-calls", "outcomes") for p in range(4)]
+    )
+    moved, started = 0, None
+    while moved < total:
+        for message in consumer.consume(num_messages=min(500, total - moved), timeout=5):
+            if message.error() is not None:
+                continue
+            started = started or time.perf_counter()
+            while True:
+                try:
+                    producer.produce(f"{namespace}.raw-copy", message.value(), key=message.key())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            moved += 1
+        producer.poll(0)
+    producer.flush(60)
+    consumer.close()
+    return time.perf_counter() - (started or time.perf_counter())
+
+
+def raw_embedded_loop(bus: Bus, namespace: str, total: int) -> float:
+    """The embedded bus's plain consumer + producer moving every input record to another topic (seconds)."""
+    consumer = bus.consumer([f"{namespace}.model-calls", f"{namespace}.outcomes"])
+    producer = bus.producer()
+    moved, started = 0, time.perf_counter()
+    while moved < total:
+        batch = consumer.poll(500, 1.0)
+        for record in batch:
+            producer.produce(f"{namespace}.raw-copy", record.value, record.key)
+        producer.flush()
+        moved += len(batch)
+    consumer.close()
+    return time.perf_counter() - started
+
+
+def sample_builder() -> Processor | None:
+    """c2's sample builder, if it is there."""
+    try:
+        from consumers.builtin import build_processor
+
+        return build_processor("sample-builder")
+    except Exception:  # noqa: BLE001 - absent or not ready: measured without it
+        return None
+
+
+def measure(label: str, bus: Bus, episodes: list[SyntheticEpisode], raw: Callable[[str, int], float]) -> list[tuple]:
+    """Rows (path, seconds) for one backend."""
+    records = interleave(episodes)
+    rows = []
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    publish(bus, namespace, records)
+    bus.create_topic(f"{namespace}.raw-copy", 4, exist_ok=True)
+    rows.append((f"{label}: plain consume + produce loop", raw(namespace, len(records))))
+    config = RuntimeConfig(max_poll_records=500, poll_timeout_s=0.2, progress_interval_s=3600)
+    episodes_out = len(episodes)
+    seconds = run_timed(bus, TrajectoryAssembler(), namespace, lambda s: s.outputs >= episodes_out, config)
+    rows.append((f"{label}: assembler (runtime, exactly-once)", seconds))
+    builder = sample_builder()
+    if builder is not None:
+        try:
+            seconds = run_timed(bus, builder, namespace, lambda s: s.records_in >= episodes_out, config, limit_s=60)
+            rows.append((f"{label}: sample builder over the trajectories", seconds))
+            rows.append((f"{label}: assembler -> sample builder (sum)", rows[-2][1] + seconds))
+        except RuntimeError as exc:
+            console.print(f"[yellow]sample builder not measured:[/] {exc}")
+    return rows
+
+
+def memory_per_open_episode(episodes: list[SyntheticEpisode]) -> tuple[float, float, float]:
+    """(Python heap bytes per open episode, state bytes per episode, encoded bytes of its records)."""
+    assembler, state = TrajectoryAssembler(), ChangelogStateStore(4)
+    driver = DriverCore(assembler, state, group="memory")
+    assembler.open(state)
+    calls = [(e, c) for e in episodes for c in e.calls]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for offset, (_, call) in enumerate(calls):
+        driver.handle(Record("model-calls", 0, offset, 1_000, call.key, call.value))
+        state.commit()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    raw = sum(len(c.value) for _, c in calls) / len(episodes)
+    return held / len(episodes), state.committed_bytes / len(episodes), raw
+
+
+def start_kafka() -> tuple[str, Callable[[], None]]:
+    """A broker for the benchmark: ORCHARD_KAFKA_BOOTSTRAP, or one started (and stopped) here."""
+    if os.environ.get("ORCHARD_KAFKA_BOOTSTRAP"):
+        return os.environ["ORCHARD_KAFKA_BOOTSTRAP"], lambda: None
+    spec = importlib.util.spec_from_file_location("orchard_services", REPO / "infra" / "local" / "services.py")
+    assert spec is not None and spec.loader is not None
+    services = importlib.util.module_from_spec(spec)
+    sys.modules["orchard_services"] = services
+    spec.loader.exec_module(services)
+    service = services.kafka_up(name="bench-kafka")
+    return service.bootstrap, lambda: services.kafka_down(name="bench-kafka", purge=True)
+
+
+def main() -> None:
+    """Run every measurement and print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--skip-kafka", action="store_true")
+    args = parser.parse_args()
+    configure_logging("console", "WARNING")
+    episodes = make_episodes(args.episodes)
+    calls = args.episodes * CALLS
+    episode_bytes = sum(len(r.value) for e in episodes for r in e.records) / len(episodes)
+
+    rows: list[tuple] = []
+    if not args.skip_kafka:
+        bootstrap, stop = start_kafka()
+        try:
+            config: BusConfig = KafkaBusConfig(bootstrap_servers=bootstrap, max_record_bytes=4_000_000)
+            bus = open_bus(config)
+            rows += measure("kafka", bus, episodes, lambda ns, n: raw_kafka_loop(bootstrap, ns, n))
+            bus.close()
+        finally:
+            stop()
+    with tempfile.TemporaryDirectory() as directory:
+        bus = open_bus(EmbeddedBusConfig(path=Path(directory)))
+        rows += measure("embedded", bus, episodes, lambda ns, n: raw_embedded_loop(bus, ns, n))
+
+    table = Table(
+        title=f"{args.episodes} episodes x {CALLS} calls ({episode_bytes / 1024:.0f} KiB per episode on the bus)"
+    )
+    for column in ("path", "seconds", "episodes/s", "ModelCall records/s", "vs plain loop"):
+        table.add_column(column, justify="right" if column != "path" else "left")
+    baseline = 0.0
+    for label, seconds in rows:
+        if "plain" in label:
+            baseline = seconds
+        ratio = baseline / seconds if seconds else float("nan")
+        table.add_row(
+            label, f"{seconds:.2f}", f"{args.episodes / seconds:,.0f}", f"{calls / seconds:,.0f}", f"{ratio:.2f}x"
+        )
+    console.print(table)
+    if sample_builder() is None:
+        console.print("sample builder: not available (consumers.samples.SampleBuilder absent); assembler only")
+
+    heap, state, raw = memory_per_open_episode(episodes[: min(50, len(episodes))])
+    memory = Table(title="Assembler memory per open episode (all 30 calls in, no outcome yet)")
+    memory.add_column("measure")
+    memory.add_column("bytes", justify="right")
+    memory.add_row("Python heap held (tracemalloc)", f"{heap:,.0f}")
+    memory.add_row("of which state values (the encoded calls, as read)", f"{state:,.0f}")
+    memory.add_row("the episode's ModelCall records on the bus", f"{raw:,.0f}")
+    console.print(memory)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Settings of the stream consumers (``consumers:`` in the Orchard config file)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from consumers.samples import SampleBuilderConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RuntimeConfig(_Strict):
+    """How the consumer runtime polls and commits (shared by every consumer)."""
+
+    max_poll_records: int = Field(500, ge=1, le=100_000, description="Records per poll: one transaction each.")
+    poll_timeout_s: float = Field(
+        0.5, gt=0, le=1.0, description="Longest wait for records (at most 1 s, so a stop signal is seen)."
+    )
+    progress_interval_s: float = Field(10.0, gt=0, description="Seconds between progress log lines.")
+    restore_idle_polls: int = Field(
+        3, ge=1, description="Empty polls that end a changelog restore whose end offset stays out of reach."
+    )
+
+
+class AssemblerConfig(_Strict):
+    """When the trajectory assembler gives up waiting and emits an episode as incomplete."""
+
+    outcome_timeout_s: float = Field(
+        7200.0, gt=0, description="No outcome this long after an episode's latest model call: emit it incomplete."
+    )
+    calls_timeout_s: float = Field(
+        600.0, gt=0, description="Model calls still missing this long after the outcome: emit it incomplete."
+    )
+    closed_retention_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="How long an emitted episode is remembered, so late duplicates are dropped rather than "
+        "starting a second trajectory (a late call of an incomplete one goes to the dead letters).",
+    )
+
+
+class ConsumersConfig(_Strict):
+    """Everything the consumers read from config: the runtime, the assembler and the sample builder."""
+
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    assembler: AssemblerConfig = Field(default_factory=AssemblerConfig)
+    sample_builder: SampleBuilderConfig = Field(default_factory=SampleBuilderConfig)

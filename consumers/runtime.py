@@ -1,0 +1,465 @@
+"""The consumer runtime: runs any ``Processor`` as its own consumer group, exactly once.
+
+Every loop has the same shape: poll (at most ``max_poll_records``, waiting at most a second), decode each record,
+``process`` it, ``punctuate``, then commit **one** transaction holding the outputs, the state-store changes
+(``consumers.state``) and the input offsets. A crash anywhere leaves either all of a batch or none of it.
+
+- A record that cannot be decoded, carries the wrong schema for its topic, or that the processor rejects
+  (``RecordRejected``, or any other exception) goes to the dead-letter topic with the reason, inside the same
+  transaction; its partial state changes and outputs are dropped; processing carries on.
+- State is restored from the changelog before the first record of a (re)assigned partition is processed,
+  and restored again whenever the group hands this instance a different set of partitions; ``Processor.open``
+  is then called again with the restored store.
+- Time: ``punctuate`` gets stream time (the newest input timestamp seen) while records flow, and the wall clock
+  once a poll comes back empty with every assigned partition read to its end, so a consumer catching up on a
+  backlog after downtime (or a slow fetch) does not time out episodes whose records are still unread.
+- A transaction that cannot commit (the group moved a partition away, a newer instance fenced this one) drops
+  the batch and starts a fresh session: new producer and consumer, state restored from the changelog.
+- SIGTERM and SIGINT stop the loop after the current batch (``stop_on_signals``).
+
+``DriverCore`` (decode, process, dead letters, outputs) is shared with ``consumers.replay``, which runs the same
+processors offline over a range of recorded topics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from consumers.config import RuntimeConfig
+from consumers.processor import Input, Processor, RecordRejected
+from consumers.state import ChangelogStateStore
+from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, TransactionalProducer, TransactionError
+from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
+from orchard.bus.exceptions import TransactionPendingError
+from orchard.clock import now_ms
+from orchard.codec import Codec
+from orchard.exceptions import OrchardError
+from orchard.logging import get_logger
+from orchard.serialization_errors import SerializationError
+from orchard.topics import DEAD_LETTERS, TOPICS_BY_NAME
+
+log = get_logger("consumers.runtime")
+DEFAULT_LETTER_LIMIT = 1_000_000  # without a producer to ask: Kafka's default record limit
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """One output record waiting for its transaction (``topic`` is the physical topic)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+    partition: int | None = None
+
+
+@dataclass
+class RuntimeStats:
+    """Counters of one runtime (or replay) run."""
+
+    records_in: int = 0
+    outputs: int = 0
+    dead_letters: int = 0
+    transactions: int = 0
+    restores: int = 0
+    aborted_batches: int = 0
+    by_topic: dict[str, int] = field(default_factory=dict)
+
+
+class DriverCore:
+    """Feeds records to a processor: decode, process with rollback, dead letters, and the outputs it emits."""
+
+    def __init__(
+        self,
+        processor: Processor,
+        state: ChangelogStateStore,
+        *,
+        group: str,
+        codec: Codec | None = None,
+        physical: Callable[[str], str] = lambda topic: topic,
+        logical: Callable[[str], str] = lambda topic: topic,
+        dead_letter_topic: str = DEAD_LETTERS,
+        limits: Producer | None = None,
+        stats: RuntimeStats | None = None,
+    ) -> None:
+        """``physical``/``logical`` map topic names both ways (a replay's namespace); ``limits`` is the producer
+        that will write the outputs: an output it would refuse (``RecordTooLargeError``) fails its input now."""
+        self.processor = processor
+        self.state = state
+        self.group = group
+        self.codec = codec or Codec.default()
+        self.physical, self.logical = physical, logical
+        self.dead_letter_topic = dead_letter_topic
+        self.limits = limits
+        self.stats = stats or RuntimeStats()
+        self.outbox: list[OutRecord] = []
+        self.stream_time_ms = 0
+        self._emit_time_ms = 0
+        self._outputs = set(processor.output_topics)
+
+    # ----------------------------------------------------------------- emitting
+    def emit(self, topic: str, schema: str, record: Mapping[str, Any], key: str | bytes | None = None) -> None:
+        """The ``Emit`` handed to the processor: encode now (a bad record fails the input that caused it)."""
+        if topic not in self._outputs:
+            raise ValueError(f"{self.group} emitted to {topic!r}, not one of its output topics {sorted(self._outputs)}")
+        value = self.codec.encode(schema, record)
+        raw_key = key.encode() if isinstance(key, str) else key
+        target = self.physical(topic)
+        if self.limits is not None:
+            self.limits.check_size(target, raw_key, value)
+        self.outbox.append(OutRecord(target, raw_key, value, self._emit_time_ms))
+
+    # ----------------------------------------------------------------- records
+    def handle(self, record: Record) -> None:
+        """Process one input record; anything that fails sends it to the dead letters."""
+        self.stats.records_in += 1
+        self.stream_time_ms = max(self.stream_time_ms, record.timestamp_ms)
+        self._emit_time_ms = record.timestamp_ms
+        topic = self.logical(record.topic)
+        try:
+            decoded = self.codec.decode(record.value)
+        except SerializationError as exc:
+            self.dead_letter(record, str(exc), type(exc).__name__)
+            return
+        expected = TOPICS_BY_NAME[topic].schema if topic in TOPICS_BY_NAME else None
+        if expected is not None and decoded.name != expected:
+            reason = f"topic {topic!r} carries {expected} records, got a {decoded.name}"
+            self.dead_letter(record, reason, "SchemaMismatchError")
+            return
+        message = Input(
+            topic, decoded.name, decoded.record, record.key, record.timestamp_ms, record.partition, record.offset,
+            record.value,
+        )  # fmt: skip
+        mark = len(self.outbox)
+        self.state.begin_record(record.partition)
+        try:
+            self.processor.process(message, self.emit)
+        except RecordRejected as exc:
+            self._undo(mark)
+            self.dead_letter(record, exc.reason, exc.error_type)
+            return
+        except Exception as exc:  # noqa: BLE001 - a processor bug on one record must not stop the stream
+            self._undo(mark)
+            log.exception("processor failed on a record", group=self.group, topic=record.topic, offset=record.offset)
+            self.dead_letter(record, f"{type(exc).__name__}: {exc}", type(exc).__name__)
+            return
+        self.state.end_record()
+
+    def punctuate(self, now: int) -> None:
+        """Let the processor emit what timed out; a failure drops what it did and is logged."""
+        mark = len(self.outbox)
+        self._emit_time_ms = now
+        self.state.begin_record(None)
+        try:
+            self.processor.punctuate(now, self.emit)
+        except Exception:  # noqa: BLE001 - retried at the next punctuate
+            self._undo(mark)
+            log.exception("punctuate failed; its outputs and state changes were dropped", group=self.group)
+            return
+        self.state.end_record()
+
+    def _undo(self, mark: int) -> None:
+        del self.outbox[mark:]
+        self.state.rollback_record()
+        self.processor.open(self.state)  # its in-memory indexes may have moved ahead of the rolled-back state
+
+    def dead_letter(self, record: Record, reason: str, error_type: str) -> None:
+        """Queue a ``DeadLetter`` for ``record`` (cut to fit the record limit if need be)."""
+        limit = DEFAULT_LETTER_LIMIT
+        if self.limits is not None:
+            limit = self.limits.record_limit(self.physical(self.dead_letter_topic))[0]
+        room = limit - LETTER_OVERHEAD_BYTES - len(reason)
+        original = record.value
+        if len(original) > room:
+            reason = f"{reason} [original cut from {len(original)} to {max(room, 0)} bytes to fit the letter]"
+            original = original[: max(room, 0)]
+        letter = {
+            "original": original,
+            "source_topic": self.logical(record.topic),
+            "source_partition": record.partition,
+            "source_offset": record.offset,
+            "source_key": record.key,
+            "reason": reason,
+            "error_type": error_type,
+            "consumer_group": self.group,
+            "timestamp": self._emit_time_ms,
+        }
+        key = record.key if record.key is None or len(record.key) < 1024 else record.key[:1024]
+        value = self.codec.encode("DeadLetter", letter)
+        self.outbox.append(OutRecord(self.physical(self.dead_letter_topic), key, value, self._emit_time_ms))
+        self.stats.dead_letters += 1
+        log.warning(
+            "dead-lettered record", group=self.group, topic=record.topic, partition=record.partition,
+            offset=record.offset, error_type=error_type, reason=reason[:200],
+        )  # fmt: skip
+
+    def take_outbox(self) -> list[OutRecord]:
+        """The outputs queued so far (and forget them)."""
+        out, self.outbox = self.outbox, []
+        self.stats.outputs += len(out)
+        for item in out:
+            self.stats.by_topic[item.topic] = self.stats.by_topic.get(item.topic, 0) + 1
+        return out
+
+
+def default_instance_id() -> str:
+    """``$ORCHARD_INSTANCE_ID``, else the host name (a pod's name in Kubernetes: stable across restarts)."""
+    return os.environ.get("ORCHARD_INSTANCE_ID") or socket.gethostname()
+
+
+def changelog_topic(group: str) -> str:
+    """The changelog topic of a consumer group's state."""
+    return f"{group}.changelog"
+
+
+def read_topic(
+    bus: Bus,
+    topic: str,
+    *,
+    start: Mapping[int, int] | None = None,
+    end: Mapping[int, int] | None = None,
+    poll_timeout_s: float = 0.5,
+    idle_polls: int = 3,
+) -> Iterator[Record]:
+    """Every record of ``topic`` from ``start`` up to (not including) ``end`` offsets per partition (defaults:
+    the whole topic as it is now), each partition in order. Kafka transaction markers take offsets no record has,
+    so a partition whose end stays out of reach is given up after ``idle_polls`` empty polls."""
+    info = bus.describe_topic(topic)
+    first = {p: max(info.start_offsets.get(p, 0), (start or {}).get(p, 0)) for p in range(info.partitions)}
+    last = {p: min(info.end_offsets.get(p, 0), (end or info.end_offsets).get(p, 0)) for p in range(info.partitions)}
+    if all(first[p] >= last[p] for p in first):
+        return
+    consumer = bus.consumer([topic])
+    try:
+        for p, offset in first.items():
+            consumer.seek(TopicPartition(topic, p), offset)
+        idle = 0
+        while not _reached(consumer, topic, first, last):
+            batch = consumer.poll(max_records=2000, timeout_s=poll_timeout_s)
+            idle = 0 if batch else idle + 1
+            if idle >= idle_polls:
+                break
+            for record in batch:
+                if first[record.partition] <= record.offset < last[record.partition]:
+                    yield record
+    finally:
+        consumer.close()
+
+
+def _reached(consumer: Consumer, topic: str, first: Mapping[int, int], last: Mapping[int, int]) -> bool:
+    positions = consumer.position()
+    return all(positions.get(TopicPartition(topic, p), first[p]) >= last[p] for p in last)
+
+
+@contextlib.contextmanager
+def stop_on_signals(runtime: ConsumerRuntime) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT ask ``runtime`` to stop after its current batch (main thread only)."""
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        log.info("stop requested", signal=signal.Signals(signum).name)
+        runtime.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class ConsumerRuntime:
+    """Runs one processor instance in its consumer group on a bus, committing each batch in one transaction."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        processor: Processor,
+        *,
+        config: RuntimeConfig | None = None,
+        group: str | None = None,
+        instance_id: str | None = None,
+        codec: Codec | None = None,
+        dead_letter_topic: str = DEAD_LETTERS,
+        clock: Callable[[], int] = now_ms,
+        namespace: str | None = None,
+    ) -> None:
+        """``group`` defaults to the processor's name; ``instance_id`` (default ``default_instance_id()``) names
+        the transactional producer and the static group membership, so a restarted instance fences its
+        predecessor and takes its partitions back at once. With ``namespace`` every topic the processor reads or
+        writes is ``<namespace>.<topic>`` (an isolated pipeline, or live processing of a replay's outputs), and
+        the default group is ``<namespace>.<name>``."""
+        self.bus = bus
+        self.namespace = namespace
+        self.prefix = f"{namespace}." if namespace else ""
+        self.processor = processor
+        self.config = config or RuntimeConfig()
+        self.group = group or f"{self.prefix}{processor.name}"
+        self.instance_id = instance_id or default_instance_id()
+        self.codec = codec or Codec.default()
+        self.dead_letter_topic = dead_letter_topic
+        self.clock = clock
+        self.changelog = changelog_topic(self.group)
+        self.stats = RuntimeStats()
+        self._stop = False
+        self._now = 0
+        self.log = log.bind(group=self.group, instance=self.instance_id)
+
+    def stop(self) -> None:
+        """Stop after the current batch (safe from a signal handler or another thread)."""
+        self._stop = True
+
+    def physical(self, topic: str) -> str:
+        """The bus topic of a logical topic."""
+        return f"{self.prefix}{topic}"
+
+    def logical(self, topic: str) -> str:
+        """The logical topic of a bus topic."""
+        return topic.removeprefix(self.prefix) if self.prefix else topic
+
+    # ----------------------------------------------------------------- setup
+    def ensure_topics(self) -> int:
+        """Create the standard inputs, the outputs, the dead letters and the changelog if absent; return the
+        changelog's partition count (the inputs' largest)."""
+        for topic in (*self.processor.input_topics, *self.processor.output_topics, self.dead_letter_topic):
+            spec = TOPICS_BY_NAME.get(topic)
+            if spec is not None or topic in self.processor.output_topics or topic == self.dead_letter_topic:
+                self.bus.create_topic(self.physical(topic), spec.partitions if spec else None,
+                                      spec.config if spec else None, exist_ok=True)  # fmt: skip
+        partitions = max(self.bus.describe_topic(self.physical(t)).partitions for t in self.processor.input_topics)
+        self.bus.create_topic(self.changelog, partitions, {"cleanup.policy": "compact"}, exist_ok=True)
+        return self.bus.describe_topic(self.changelog).partitions
+
+    # ----------------------------------------------------------------- loop
+    def run(self, *, idle_exit_s: float | None = None) -> RuntimeStats:
+        """Process until ``stop()`` (or, with ``idle_exit_s``, until no record came for that long)."""
+        partitions = self.ensure_topics()
+        self.log.info("consumer starting", inputs=list(self.processor.input_topics),
+                      outputs=list(self.processor.output_topics))  # fmt: skip
+        idle_since = time.monotonic()
+        while not self._stop:
+            idle_since = self._session(partitions, idle_exit_s, idle_since)
+            if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+                break
+        self.log.info("consumer stopped", **self._progress_fields())
+        return self.stats
+
+    def _session(self, partitions: int, idle_exit_s: float | None, idle_since: float) -> float:
+        """One producer + consumer lifetime; returns when stopped, idle, or a transaction could not commit."""
+        transactional_id = f"{self.group}.{self.instance_id}"
+        producer = self.bus.transactional_producer(transactional_id)
+        inputs = [self.physical(t) for t in self.processor.input_topics]
+        consumer = self.bus.consumer(inputs, self.group, instance_id=transactional_id)
+        state = ChangelogStateStore(partitions)
+        driver = DriverCore(
+            self.processor, state, group=self.group, codec=self.codec, dead_letter_topic=self.dead_letter_topic,
+            physical=self.physical, logical=self.logical,
+            limits=producer, stats=self.stats,
+        )  # fmt: skip
+        restored_for: set[TopicPartition] | None = None
+        next_progress = time.monotonic() + self.config.progress_interval_s
+        try:
+            while not self._stop:
+                batch = consumer.poll(self.config.max_poll_records, self.config.poll_timeout_s)
+                assignment = set(consumer.assignment())
+                if assignment != restored_for:
+                    self._restore(state, assignment)
+                    restored_for = assignment
+                for record in batch:
+                    driver.handle(record)
+                if batch:
+                    self._now = max(self._now, driver.stream_time_ms)
+                elif self._caught_up(consumer):
+                    self._now = max(self._now, self.clock())
+                driver.punctuate(self._now)
+                if not self._commit(producer, consumer, driver, state, bool(batch)):
+                    return idle_since
+                if batch:
+                    idle_since = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+                    return idle_since
+                if time.monotonic() >= next_progress:
+                    next_progress = time.monotonic() + self.config.progress_interval_s
+                    self.log.info("progress", state_keys=len(state._committed), **self._progress_fields())
+        finally:
+            consumer.close()
+            producer.close()
+        return idle_since
+
+    def _caught_up(self, consumer: Consumer) -> bool:
+        """Whether every assigned partition has been read to its end, so idle time may count as time passing.
+
+        An empty poll alone does not say so (a Kafka fetch can lag behind a backlog), and timing episodes out on
+        the wall clock while their records are still unread would emit them as incomplete. A transactional
+        input ends with a commit marker that is never returned to the consumer: one offset of slack."""
+        assignment = consumer.assignment()
+        if not assignment:
+            return False
+        positions = consumer.position()
+        ends: dict[TopicPartition, int] = {}
+        try:
+            for topic in {tp.topic for tp in assignment}:
+                info = self.bus.describe_topic(topic)
+                ends.update({TopicPartition(topic, p): end for p, end in info.end_offsets.items()})
+        except OrchardError:
+            return False
+        return all(positions.get(tp, 0) >= ends.get(tp, 0) - 1 for tp in assignment)
+
+    def _restore(self, state: ChangelogStateStore, assignment: set[TopicPartition]) -> None:
+        owned = {tp.partition for tp in assignment}
+        started = time.perf_counter()
+        records = read_topic(self.bus, self.changelog, poll_timeout_s=self.config.poll_timeout_s,
+                             idle_polls=self.config.restore_idle_polls)  # fmt: skip
+        keys = state.restore(records, owned)
+        self.processor.open(state)
+        self.stats.restores += 1
+        self.log.info("state restored", partitions=sorted(owned), keys=keys,
+                      seconds=round(time.perf_counter() - started, 3))  # fmt: skip
+
+    def _commit(
+        self,
+        producer: TransactionalProducer,
+        consumer: Consumer,
+        driver: DriverCore,
+        state: ChangelogStateStore,
+        consumed: bool,
+    ) -> bool:
+        """Write the batch's outputs, state changes and offsets in one transaction; False: start a new session."""
+        outputs = driver.take_outbox()
+        changes = state.changelog()
+        if not (consumed or outputs or changes):
+            return True
+        try:
+            producer.begin()
+            for out in outputs:
+                producer.produce(out.topic, out.value, out.key, partition=out.partition)
+            for change in changes:
+                producer.produce(self.changelog, change.value, change.key, partition=change.partition)
+            producer.commit(consumer)
+        except TransactionPendingError:
+            state.commit()  # committed; the next producer with our id finishes applying it
+            self.log.warning("transaction committed but pending; restarting the session")
+            return False
+        except TransactionError as exc:
+            state.rollback()
+            self.stats.aborted_batches += 1
+            self.log.warning("transaction aborted; restoring state and resuming from committed offsets",
+                             error=str(exc))  # fmt: skip
+            return False
+        state.commit()
+        self.stats.transactions += 1
+        return True
+
+    def _progress_fields(self) -> dict[str, Any]:
+        s = self.stats
+        return {"records_in": s.records_in, "outputs": s.outputs, "dead_letters": s.dead_letters,
+                "transactions": s.transactions, "restores": s.restores}  # fmt: skip

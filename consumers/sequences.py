@@ -1,0 +1,132 @@
+"""An episode's model calls as token sequences: one per conversation whose calls extend each other.
+
+A multi-turn agent resends its context on every call, so call ``k+1``'s prompt begins with call ``k``'s prompt and
+completion. Training on each call separately would train on the early completions again and again, as prompt
+context; one sequence per conversation trains on each generated token exactly once:
+
+- the sequence is the conversation's last call's prompt and completion;
+- each call's completion sits at a known position in it (its prompt's length): the loss mask is 1 exactly there,
+  so tool results, chat-template tokens and everything else the model did not generate are masked;
+- a call continues the sequence only when its prompt begins with the whole current sequence (the definition the
+  recording proxy uses for ``conversation_id``); any other call of the same conversation (a re-templated or
+  compacted context, a retry) closes the sequence and starts a new one, so no token is ever attributed to the
+  wrong position.
+
+Calls of different conversations (a sub-agent, a summariser) are separate sequences; sequences are ordered by their
+first call. Behaviour logprobs come from the calls' recorded ``completion_logprobs``, 0 outside completions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from consumers.trajectory import Step
+
+TokenIds = npt.NDArray[np.int32]
+Floats = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpan:
+    """Where one call's completion sits in its sequence: tokens ``start`` to ``end`` (exclusive)."""
+
+    call_index: int
+    start: int
+    end: int
+    policy_version: int
+    retokenized: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TokenSequence:
+    """One trainable sequence: token ids, per-token behaviour logprobs, and the calls' completion spans."""
+
+    conversation_id: int
+    token_ids: TokenIds
+    logprobs: Floats  # behaviour logprob of each completion token; 0 elsewhere
+    spans: tuple[CallSpan, ...]
+
+    @property
+    def first_call(self) -> int:
+        """Call index of the first call in this sequence."""
+        return self.spans[0].call_index
+
+    @property
+    def last_call(self) -> int:
+        """Call index of the last call in this sequence."""
+        return self.spans[-1].call_index
+
+    @property
+    def oldest_policy_version(self) -> int:
+        """The oldest policy version among the calls that generated this sequence's completions."""
+        return min(span.policy_version for span in self.spans)
+
+    def completion_mask(self, *, include_retokenized: bool = True) -> npt.NDArray[np.uint8]:
+        """1 on every completion token (optionally not on retokenized calls' tokens), 0 elsewhere."""
+        mask = np.zeros(len(self.token_ids), dtype=np.uint8)
+        for span in self.spans:
+            if include_retokenized or not span.retokenized:
+                mask[span.start : span.end] = 1
+        return mask
+
+    def header(self) -> dict[str, Any]:
+        """The JSON-ready metadata (the arrays travel separately; see ``consumers.sample_state``)."""
+        spans = [[s.call_index, s.start, s.end, s.policy_version, s.retokenized] for s in self.spans]
+        return {"conversation_id": self.conversation_id, "length": len(self.token_ids), "spans": spans}
+
+    @classmethod
+    def from_header(cls, header: Mapping[str, Any], token_ids: TokenIds, logprobs: Floats) -> TokenSequence:
+        """Rebuild a sequence from ``header()`` and its two arrays."""
+        spans = tuple(CallSpan(c, s, e, v, bool(r)) for c, s, e, v, r in header["spans"])
+        return cls(header["conversation_id"], token_ids, logprobs, spans)
+
+
+def build_sequences(steps: Sequence[Step]) -> list[TokenSequence]:
+    """The sequences of an episode's steps (in call order), ordered by their first call."""
+    open_: dict[int, _Builder] = {}
+    done: list[_Builder] = []
+    for step in sorted(steps, key=lambda s: s.call_index):
+        builder = open_.get(step.conversation_id)
+        if builder is None or not builder.extends(step):
+            if builder is not None:
+                done.append(builder)
+            builder = open_[step.conversation_id] = _Builder(step.conversation_id)
+        builder.add(step)
+    done.extend(open_.values())
+    return [builder.build() for builder in sorted(done, key=lambda b: b.spans[0].call_index)]
+
+
+class _Builder:
+    """A sequence being built: the current full token list and the completion spans so far."""
+
+    def __init__(self, conversation_id: int) -> None:
+        self.conversation_id = conversation_id
+        self.tokens: TokenIds = np.zeros(0, dtype=np.int32)
+        self.logprob_parts: list[tuple[int, Floats]] = []
+        self.spans: list[CallSpan] = []
+
+    def extends(self, step: Step) -> bool:
+        """Whether ``step``'s prompt begins with the whole sequence so far."""
+        n = len(self.tokens)
+        return len(step.prompt_token_ids) >= n and bool(np.array_equal(step.prompt_token_ids[:n], self.tokens))
+
+    def add(self, step: Step) -> None:
+        start = len(step.prompt_token_ids)
+        completion = np.asarray(step.completion_token_ids, dtype=np.int32)
+        self.tokens = np.concatenate([np.asarray(step.prompt_token_ids, dtype=np.int32), completion])
+        logprobs = np.asarray(step.completion_logprobs, dtype=np.float32)
+        if len(logprobs) == len(completion):  # a retokenized call may carry none
+            self.logprob_parts.append((start, logprobs))
+        span = CallSpan(step.call_index, start, start + len(completion), step.policy_version, step.retokenized)
+        self.spans.append(span)
+
+    def build(self) -> TokenSequence:
+        logprobs = np.zeros(len(self.tokens), dtype=np.float32)
+        for start, part in self.logprob_parts:
+            logprobs[start : start + len(part)] = part
+        return TokenSequence(self.conversation_id, self.tokens, logprobs, tuple(self.spans))

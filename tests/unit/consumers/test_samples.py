@@ -1,0 +1,391 @@
+"""The sample builder: sequences and loss masks, group-relative advantages, dense scores, credit weights, stable
+sample ids, and a restart over the same state store giving exactly the same output (an in-memory driver)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from consumers.credit import CreditConfig
+from consumers.processor import Input, RecordRejected
+from consumers.samples import SampleBuilder, SampleBuilderConfig
+from consumers.sequences import CallSpan, build_sequences
+from consumers.trajectory import Step
+from consumers.trajectory_records import trajectory_record
+from orchard.codec import Codec
+from orchard.tokens import unpack_array
+from producers.episode_recorder import EpisodeRecorder
+
+CODEC = Codec.default()
+
+
+# ----------------------------------------------------------------------------------------------- the driver
+class DictStore:
+    """A plain dict as the ``StateStore`` (pure-logic tests only)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        return iter(list(self.data.items()))
+
+
+def drive(
+    config: SampleBuilderConfig,
+    inputs: Sequence[Input | int],
+    *,
+    restart_after: Sequence[int] = (),
+    store: DictStore | None = None,
+) -> tuple[list[dict[str, Any]], SampleBuilder]:
+    """Feed ``inputs`` (an int is a ``punctuate(now)``) to a builder; a fresh builder over the same store takes
+    over after each position in ``restart_after``. Every output must encode as a valid TrainingSample."""
+    store = store if store is not None else DictStore()
+    out: list[dict[str, Any]] = []
+
+    def emit(topic: str, schema: str, record: Mapping[str, Any], key: str | bytes | None = None) -> None:
+        assert (topic, schema, key) == ("samples", "TrainingSample", record["episode_id"])
+        CODEC.encode(schema, record)
+        out.append(dict(record))
+
+    builder = SampleBuilder(config)
+    builder.open(store)
+    for position, item in enumerate(inputs):
+        if isinstance(item, int):
+            builder.punctuate(item, emit)
+        else:
+            builder.process(item, emit)
+        if position in restart_after:
+            builder = SampleBuilder(config)
+            builder.open(store)
+    return out, builder
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, on_delivery: Any = None) -> None:
+        self.records.append((topic, value))
+
+
+def shell(index: int, command: str) -> dict[str, Any]:
+    arguments = json.dumps({"command": command})
+    return {"id": f"call_{index}", "type": "function", "function": {"name": "shell", "arguments": arguments}}
+
+
+def episode(
+    episode_id: str,
+    *,
+    reward: float,
+    status: str = "FAILED",
+    group: str = "g1",
+    timestamp: int = 1000,
+    first_command: str = "pytest -q",
+    first_result: str = '{"exit_code": 1, "output": "FAILED test_x"}',
+    signals: dict[str, float] | None = None,
+    complete: bool = True,
+    offset: int = 0,
+) -> Input:
+    """A decoded ``Trajectory`` record of a two-call episode, built the way the recorder and assembler build it.
+
+    Call 0: prompt [1, 2, 3], completion [10, 11] (a shell tool call); call 1: prompt = call 0's sequence + [7, 8]
+    (the tool result), completion [20, 21, 22]. Logprobs are -0.1 * (position in the completion + 1).
+    """
+    producer = _Collect()
+    recorder = EpisodeRecorder(
+        producer,
+        run_id="run",
+        episode_id=episode_id,
+        task_id="task",
+        harness="builtin",
+        model="m",  # type: ignore[arg-type]
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "fix the bug"}]
+    call = shell(0, first_command)
+    recorder.record_call(messages=messages, prompt_ids=[1, 2, 3], completion_ids=[10, 11], logprobs=[-0.1, -0.2],
+                         response_text="", tool_calls=[call], policy_version=5, finish_reason="tool_calls")  # fmt: skip
+    messages = [*messages, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": first_result}]  # fmt: skip
+    submit = {"id": "call_1", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+    recorder.record_call(messages=messages, prompt_ids=TOKENS[:7], completion_ids=[20, 21, 22], policy_version=6,
+                         logprobs=[-0.1, -0.2, -0.3], response_text="", tool_calls=[submit])  # fmt: skip
+    recorder.record_outcome(status=status, reward=reward, group_id=group, signals=signals or {})  # type: ignore[arg-type]
+    calls = [value for topic, value in producer.records if topic == "model-calls"]
+    [outcome] = [value for topic, value in producer.records if topic == "outcomes"]
+    record = trajectory_record(
+        run_id="run", episode_id=episode_id, task_id="task", calls=calls, outcome=outcome if complete else None,
+        outcome_fields=CODEC.decode(outcome).record if complete else None, policy_version=6, timestamp_ms=timestamp,
+        incomplete_reason=None if complete else "no outcome within 600 s",
+    )  # fmt: skip
+    decoded = CODEC.decode(CODEC.encode("Trajectory", record)).record
+    return Input("trajectories", "Trajectory", decoded, episode_id.encode(), timestamp, 0, offset)
+
+
+def score(
+    episode_id: str, scorer: str, call_index: int, value: float, timestamp: int, span: tuple[int, int] | None = None
+) -> Input:
+    record = {
+        "run_id": "run", "episode_id": episode_id, "call_index": call_index, "scorer": scorer, "policy_version": 5,
+        "token_start": span[0] if span else None, "token_end": span[1] if span else None, "score": value,
+        "details_json": "{}", "timestamp": timestamp,
+    }  # fmt: skip
+    decoded = CODEC.decode(CODEC.encode("StepScore", record)).record
+    return Input("scores", "StepScore", decoded, episode_id.encode(), timestamp, 0, 0)
+
+
+def arrays(sample: Mapping[str, Any]) -> tuple[list[int], list[int], list[float], list[float]]:
+    """Token ids, loss mask, advantages (rounded) and behaviour logprobs (rounded) of a sample."""
+    tokens = unpack_array(sample["token_ids"], "int32").tolist()
+    mask = unpack_array(sample["loss_mask"], "uint8").tolist()
+    values = [round(v, 4) for v in unpack_array(sample["advantages"], "float32").tolist()]
+    logprobs = [round(v, 4) for v in unpack_array(sample["behaviour_logprobs"], "float32").tolist()]
+    return tokens, mask, values, logprobs
+
+
+TOKENS = [1, 2, 3, 10, 11, 7, 8, 20, 21, 22]
+MASK = [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+
+
+# ----------------------------------------------------------------------------------------------- sequences
+def _step(index: int, conversation: int, prompt: list[int], completion: list[int], retokenized: bool = False) -> Step:
+    return Step(
+        call_index=index, conversation_id=conversation, policy_version=10 + index,
+        prompt_token_ids=np.array(prompt, dtype=np.int32), completion_token_ids=np.array(completion, dtype=np.int32),
+        completion_logprobs=-np.arange(1, len(completion) + 1, dtype=np.float32), request_messages=[],
+        response_text="", response_tool_calls=[], finish_reason="stop", retokenized=retokenized,
+    )  # fmt: skip
+
+
+def test_calls_that_extend_each_other_become_one_sequence_masking_only_generated_tokens() -> None:
+    steps = [
+        _step(0, 0, [1, 2], [3, 4]),
+        _step(1, 1, [9], [8]),  # a sub-agent: its own conversation
+        _step(2, 0, [1, 2, 3, 4, 5], [6]),  # extends call 0 (5 is the tool result)
+        _step(3, 0, [1, 2, 7], [4, 4]),  # a compacted context: does not extend, starts a new sequence
+    ]
+    first, subagent, compacted = build_sequences(steps)
+    assert first.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert first.completion_mask().tolist() == [0, 0, 1, 1, 0, 1]
+    assert first.logprobs.tolist() == [0, 0, -1, -2, 0, -1]
+    assert first.spans == (CallSpan(0, 2, 4, 10), CallSpan(2, 5, 6, 12))
+    assert (first.first_call, first.last_call, first.oldest_policy_version) == (0, 2, 10)
+    assert (subagent.token_ids.tolist(), subagent.completion_mask().tolist()) == ([9, 8], [0, 1])
+    assert (compacted.token_ids.tolist(), compacted.completion_mask().tolist()) == ([1, 2, 7, 4, 4], [0, 0, 0, 1, 1])
+    assert compacted.spans == (CallSpan(3, 3, 5, 13),)
+
+
+def test_retokenized_calls_can_be_left_out_of_the_mask() -> None:
+    [sequence] = build_sequences([_step(0, 0, [1], [2, 3], retokenized=True), _step(1, 0, [1, 2, 3, 4], [5])])
+    assert sequence.completion_mask().tolist() == [0, 1, 1, 0, 1]
+    assert sequence.completion_mask(include_retokenized=False).tolist() == [0, 0, 0, 0, 1]
+
+
+# ----------------------------------------------------------------------------------------------- RL samples
+def test_group_relative_advantages_apply_to_exactly_the_completion_tokens() -> None:
+    config = SampleBuilderConfig(group_size=4)
+    inputs = [episode(f"e{i}", reward=r, timestamp=1000 + i) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+    out, builder = drive(config, inputs)
+    assert [s["episode_id"] for s in out] == ["e0", "e1", "e2", "e3"]
+    for sample, expected in zip(out, [1.0, -1.0, -1.0, 1.0], strict=True):
+        tokens, mask, values, logprobs = arrays(sample)
+        assert (tokens, mask) == (TOKENS, MASK)
+        assert values == [round(expected * m, 4) for m in MASK]  # (r - 0.5) / (0.5 + eps), 0 where masked
+        assert logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.1, -0.2, -0.3]
+    first = out[0]
+    assert (first["kind"], first["policy_version"], first["reward"], first["group_id"]) == ("RL", 5, 1.0, "g1")
+    assert first["created_at"] == 1003  # the close time: the last member's arrival (event time)
+    assert builder.stats["groups"] == 1
+
+
+def test_a_group_with_equal_rewards_carries_no_outcome_signal() -> None:
+    inputs = [episode(f"e{i}", reward=0.5, timestamp=1000 + i) for i in range(2)]
+    out, builder = drive(SampleBuilderConfig(group_size=2), inputs)
+    assert out == [] and builder.stats["RL_zero_signal"] == 2
+    out, _ = drive(SampleBuilderConfig(group_size=2, emit_zero_samples=True), inputs)
+    assert [arrays(s)[2] for s in out] == [[0.0] * 10] * 2
+
+
+def test_dense_scores_are_weighted_and_span_scores_apply_to_their_span() -> None:
+    config = SampleBuilderConfig(group_size=2, scorers={"prm": 0.5, "kl": 2.0}, score_wait_ms=500, score_settle_ms=50)
+    inputs: list[Input | int] = [
+        score("e0", "prm", 0, 1.0, 900),  # scores may arrive before their trajectory
+        episode("e0", reward=1.0, timestamp=1000),
+        score("e0", "kl", 1, -0.1, 1001, span=(1, 3)),  # tokens 1..2 of call 1's completion
+        score("e0", "kl", 0, float("nan"), 1001),  # an abstention
+        episode("e1", reward=0.0, timestamp=1002),
+        score("e1", "prm", 1, -1.0, 1003),
+        score("e1", "kl", 0, 0.25, 1003),
+        score("e1", "other", 0, 100.0, 1003),  # a scorer the config does not weigh
+        1053,  # e1's scorers have settled
+    ]
+    out, _ = drive(config, inputs)
+    e0, e1 = (arrays(sample)[2] for sample in out)
+    a = 0.999998  # (1 - 0.5) / (0.5 + 1e-6)
+    assert e0 == [round(v, 4) for v in [0, 0, 0, a + 0.5, a + 0.5, 0, 0, a, a - 0.2, a - 0.2]]
+    assert e1 == [round(v, 4) for v in [0, 0, 0, -a + 0.5, -a + 0.5, 0, 0, -a - 0.5, -a - 0.5, -a - 0.5]]
+
+
+def test_a_scorer_counts_as_done_after_the_settle_time_or_once_it_announced_count_came() -> None:
+    config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_settle_ms=100, emit_zero_samples=True)
+    one_by_one = [episode("e0", reward=0.0, timestamp=1000), score("e0", "prm", 0, 1.0, 1010)]
+    late = score("e0", "prm", 1, 1.0, 1050)  # the same scorer's next record, e.g. in the next poll
+    out, _ = drive(config, [*one_by_one, late, 1109])
+    assert out == []
+    out, _ = drive(config, [*one_by_one, late, 1110])
+    assert [(s["created_at"], arrays(s)[2]) for s in out] == [(1110, [0, 0, 0, 1, 1, 0, 0, 1, 1, 1])]
+
+    def counted(item: Input) -> Input:  # a scorer that says how many records it published for the episode
+        return Input(**{**{f: getattr(item, f) for f in Input.__slots__}, "record": {**item.record,  # type: ignore[attr-defined]
+                     "episode_score_count": 2}})  # fmt: skip
+
+    out, _ = drive(config, [one_by_one[0], counted(one_by_one[1]), counted(late)])
+    assert [s["created_at"] for s in out] == [1050]
+    scores_first = [score("e0", "prm", 0, 1.0, 900), episode("e0", reward=0.0, timestamp=950), 999]
+    assert [s["created_at"] for s in drive(config, [*scores_first, 1000])[0]] == [1000]
+
+
+def test_a_trajectory_waits_for_its_scorers_only_until_the_score_deadline() -> None:
+    config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_wait_ms=500, emit_zero_samples=True)
+    out, builder = drive(config, [episode("e0", reward=1.0, timestamp=1000), 1499])
+    assert out == []
+    out, builder = drive(config, [episode("e0", reward=1.0, timestamp=1000), 1500])
+    assert len(out) == 1 and out[0]["created_at"] == 1500 and builder.stats["score_wait_timeouts"] == 1
+
+
+def test_a_group_that_never_fills_closes_on_its_timeout() -> None:
+    config = SampleBuilderConfig(group_size=4, group_timeout_ms=5000)
+    inputs = [episode("e0", reward=1.0, timestamp=1000), episode("e1", reward=0.0, timestamp=2000), 5999]
+    out, _ = drive(config, inputs)
+    assert out == []
+    out, _ = drive(config, [*inputs, 6000])
+    assert [(s["episode_id"], s["created_at"]) for s in out] == [("e0", 6000), ("e1", 6000)]
+
+
+# ----------------------------------------------------------------------------------------------- SFT samples
+REPRO = '{"exit_code": 1, "output": "Traceback (most recent call last):\\nAssertionError"}'
+
+
+def test_sft_weights_are_the_credit_of_the_call_that_generated_each_token() -> None:
+    config = SampleBuilderConfig(kinds=["SFT"], group_size=2)
+    inputs = [
+        episode("ok", reward=1.0, status="SUCCEEDED", timestamp=1000),
+        episode(
+            "half",
+            reward=0.0,
+            first_command="python reproduce.py",
+            first_result=REPRO,
+            timestamp=1001,
+            signals={"tests_passed_fraction": 0.5},
+        ),  # fmt: skip
+    ]
+    out, _ = drive(config, inputs)
+    assert [(s["sample_id"], s["kind"]) for s in out] == [("ok/SFT/c0/0-1", "SFT"), ("half/SFT/c0/0-1", "SFT")]
+    ok, half = (arrays(sample) for sample in out)
+    assert (ok[0], ok[1], ok[2]) == (TOKENS, MASK, [float(m) for m in MASK])
+    # call 0 reproduced the bug: 1.0 x progress factor 0.75; call 1 (submit) earns nothing; mask stays on both
+    assert (half[1], half[2]) == (MASK, [0, 0, 0, 0.75, 0.75, 0, 0, 0, 0, 0])
+
+
+def test_sft_on_successful_demonstrations_only() -> None:
+    inputs = [episode("ok", reward=1.0, status="SUCCEEDED", timestamp=1000),
+              episode("bad", reward=0.0, first_command="python x.py", first_result=REPRO, timestamp=1001)]  # fmt: skip
+    config = SampleBuilderConfig(kinds=["RL", "SFT"], group_size=2, sft_successful_only=True)
+    out, _ = drive(config, inputs)
+    assert [s["sample_id"] for s in out] == ["ok/RL/c0/0-1", "ok/SFT/c0/0-1", "bad/RL/c0/0-1"]
+    config = SampleBuilderConfig(kinds=["SFT"], group_size=2, sft_min_reward=0.5, credit=CreditConfig())
+    assert [s["sample_id"] for s in drive(config, inputs)[0]] == ["ok/SFT/c0/0-1"]
+
+
+# ----------------------------------------------------------------------------------------------- the stream
+def _stream() -> list[Input | int]:
+    return [
+        episode("a0", reward=1.0, group="A", timestamp=1000),
+        score("a0", "prm", 0, 0.5, 1001),
+        episode("b0", reward=0.2, group="B", timestamp=1002),
+        episode("bad", reward=1.0, group="A", timestamp=1003, complete=False),
+        episode("a1", reward=0.0, group="A", timestamp=1004, first_command="python r.py", first_result=REPRO),
+        score("b0", "prm", 1, -0.5, 1005),
+        score("a1", "prm", 0, 1.0, 1006),
+        episode("a0", reward=1.0, group="A", timestamp=1007),  # a re-delivery
+        episode("b1", reward=0.7, group="B", timestamp=1008),
+        score("b1", "prm", 0, 0.0, 1009),
+        episode("c0", reward=0.3, group="C", timestamp=1010),
+        score("c0", "prm", 0, 1.0, 1011),
+        20_000,  # group C times out
+    ]
+
+
+STREAM_CONFIG = SampleBuilderConfig(
+    kinds=["RL", "SFT"], group_size=2, group_timeout_ms=10_000, scorers={"prm": 0.1}, score_wait_ms=5000,
+    score_settle_ms=1, credit=CreditConfig(score_credit={"prm": 0.4}),
+)  # fmt: skip
+
+
+def test_incomplete_and_duplicate_trajectories_are_counted_not_trained_on() -> None:
+    out, builder = drive(STREAM_CONFIG, _stream())
+    assert sorted({s["episode_id"] for s in out}) == ["a0", "a1", "b0", "b1", "c0"]
+    assert (builder.stats["incomplete"], builder.stats["duplicate"], builder.stats["groups"]) == (1, 1, 3)
+    assert len({s["sample_id"] for s in out}) == len(out)
+
+
+def test_a_restart_over_the_same_state_store_gives_exactly_the_same_output() -> None:
+    stream = _stream()
+    expected, _ = drive(STREAM_CONFIG, stream)
+    for restart_after in ([0], [3, 5], list(range(len(stream)))):
+        store = DictStore()
+        out, _ = drive(STREAM_CONFIG, stream, restart_after=restart_after, store=store)
+        assert out == expected
+        assert store.data.keys() <= {"clock"} | {f"done/{e}" for e in ("a0", "a1", "b0", "b1", "c0")}
+
+
+def test_sample_ids_are_stable_across_runs_and_name_their_source() -> None:
+    first = [s["sample_id"] for s in drive(STREAM_CONFIG, _stream())[0]]
+    second = [s["sample_id"] for s in drive(STREAM_CONFIG, _stream())[0]]
+    assert first == second
+    assert first[:4] == ["a0/RL/c0/0-1", "a0/SFT/c0/0-1", "a1/RL/c0/0-1", "a1/SFT/c0/0-1"]
+
+
+def test_emitted_episodes_are_forgotten_after_the_dedupe_window_and_late_scores_dropped() -> None:
+    config = SampleBuilderConfig(
+        group_size=1, dedupe_window_ms=1000, emit_zero_samples=True, scorers={"s": 1.0}, score_settle_ms=5
+    )
+    inputs = [episode("e", reward=1.0, timestamp=0), score("e", "s", 0, 1.0, 10), score("e", "s", 1, 1.0, 100)]
+    store = DictStore()
+    out, builder = drive(config, inputs, store=store)
+    assert len(out) == 1 and builder.stats["scores_late"] == 1 and "done/e" in store.data
+    drive(config, [2000], store=store)
+    assert set(store.data) == {"clock"}
+
+
+def test_records_of_other_schemas_or_unreadable_ones_are_rejected() -> None:
+    builder = SampleBuilder(SampleBuilderConfig())
+    builder.open(DictStore())
+    with pytest.raises(RecordRejected, match="not ModelCall"):
+        builder.process(Input("model-calls", "ModelCall", {}, None, 0, 0, 0), lambda *a, **k: None)
+    broken = Input("trajectories", "Trajectory", {"calls": [b"junk"], "outcome": None}, None, 0, 0, 0)
+    with pytest.raises(RecordRejected, match="unreadable Trajectory record"):
+        builder.process(broken, lambda *a, **k: None)
+
+
+def test_config_refuses_unknown_fields_and_non_finite_weights() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        SampleBuilderConfig(group_sise=3)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="finite"):
+        SampleBuilderConfig(scorers={"prm": math.inf})
+    assert SampleBuilderConfig(scorers={"a": 1.0}, credit=CreditConfig(score_credit={"b": 1})).awaited_scorers == (
+        "a", "b",
+    )  # fmt: skip

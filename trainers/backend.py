@@ -1,0 +1,166 @@
+"""What the policy trainer trains with: the model it loads, the learning-rate schedule, and the plain torch backend.
+
+A backend owns the model being trained, its optimizer and scheduler, and turns a micro-batch loss into gradients and
+gradients into an optimizer step. ``TorchBackend`` is the default (CPU or one GPU, AdamW, optional
+``torch.compile``); ``trainers.deepspeed_backend.DeepSpeedBackend`` offers the same methods over a ZeRO engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from trainers.config import CheckpointModelSource, PolicyTrainerConfig, ScheduleConfig, TinyModelSource
+from trainers.exceptions import TrainerError
+
+_DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto``: the first CUDA device if there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether to autocast to bfloat16: ``auto`` on a CUDA device that supports it, ``bf16`` always."""
+    if precision == "auto":
+        return device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return precision == "bf16"
+
+
+def load_policy_model(source: TinyModelSource | CheckpointModelSource) -> PreTrainedModel:
+    """The starting weights in float32 on the CPU: a tiny-family model built from its seed, or a checkpoint."""
+    hf_logging.disable_progress_bar()
+    if isinstance(source, TinyModelSource):
+        from orchard.engines.tiny import build_tiny_model, build_tiny_tokenizer
+
+        model = build_tiny_model(source.name, build_tiny_tokenizer(), source.seed)
+    else:
+        if not (source.path / "config.json").is_file():
+            raise TrainerError(f"model.path: {source.path} is not a checkpoint directory with config.json")
+        model = AutoModelForCausalLM.from_pretrained(source.path, **{_DTYPE_KWARG: torch.float32})
+    model.config.use_cache = False  # training never reuses a KV cache; a cache would also disable packed masks
+    return model
+
+
+def lr_factor(schedule: ScheduleConfig, max_steps: int | None) -> Callable[[int], float]:
+    """The multiplier of the peak learning rate at each optimizer step (0-based), for ``LambdaLR``."""
+    total = schedule.total_steps or max_steps
+
+    def factor(step: int) -> float:
+        if step < schedule.warmup_steps:
+            return (step + 1) / schedule.warmup_steps
+        if schedule.kind == "constant" or total is None:
+            return 1.0
+        progress = min(1.0, (step - schedule.warmup_steps) / max(1, total - schedule.warmup_steps))
+        shape = 1.0 - progress if schedule.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return schedule.min_lr_ratio + (1.0 - schedule.min_lr_ratio) * shape
+
+    return factor
+
+
+class TrainingBackend(Protocol):
+    """The operations the trainer needs from whatever holds the model and optimizer."""
+
+    module: PreTrainedModel
+    """The underlying model (state dicts, export)."""
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T, V]`` of a packed row."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of one micro-batch's loss."""
+        ...
+
+    def step(self) -> float:
+        """Clip, take an optimizer and a scheduler step, clear gradients; return the norm before clipping."""
+        ...
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next step."""
+        ...
+
+    def state_tensors(self) -> dict[str, Any]:
+        """Model, optimizer and scheduler state for a checkpoint."""
+        ...
+
+    def load_state_tensors(self, tensors: dict[str, Any]) -> None:
+        """Restore what ``state_tensors`` returned."""
+        ...
+
+    def export(self, directory: Path) -> dict[str, Path]:
+        """Write the current weights as a checkpoint directory an engine can load; return its files."""
+        ...
+
+
+class TorchBackend:
+    """Plain torch: AdamW, ``LambdaLR``, global-norm clipping, optional ``torch.compile`` of the forward pass."""
+
+    def __init__(self, model: PreTrainedModel, config: PolicyTrainerConfig, device: torch.device) -> None:
+        self.module = model.to(device).train()
+        self.device = device
+        self.grad_clip = config.grad_clip
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.module.parameters() if p.requires_grad],
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.schedule, config.max_steps))
+        self._autocast = use_bf16(config.precision, device)
+        self._forward: Callable[..., Any] = torch.compile(self.module) if config.compile else self.module
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of a packed row; under bf16 autocast where configured."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
+            return self._forward(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``."""
+        loss.backward()
+
+    def step(self) -> float:
+        """Clip (if configured), step the optimizer and the schedule, clear gradients; the norm before clipping."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip is not None else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next step."""
+        return float(self.scheduler.get_last_lr()[0])
+
+    def state_tensors(self) -> dict[str, Any]:
+        """Model, optimizer and scheduler state dicts."""
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_tensors(self, tensors: dict[str, Any]) -> None:
+        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there)."""
+        self.module.load_state_dict(tensors["model"], strict=True)
+        self.optimizer.load_state_dict(tensors["optimizer"])
+        self.scheduler.load_state_dict(tensors["scheduler"])
+
+    def export(self, directory: Path) -> dict[str, Path]:
+        """``save_pretrained`` into ``directory`` (config.json, generation_config.json, model.safetensors)."""
+        self.module.save_pretrained(directory)
+        return {p.name: p for p in sorted(directory.iterdir()) if p.is_file()}

@@ -1,0 +1,193 @@
+"""``PolicyTrainerConfig``: everything the policy trainer needs besides the bus and the store (``OrchardConfig``).
+
+Imports without torch, so the CLI can validate a config (and name the bad field) before loading a model. A file is
+YAML; ``load_trainer_config`` overlays ``--set key.path=value`` overrides on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchard.config import describe_validation_error
+from orchard.exceptions import ConfigError
+from orchard.topics import SAMPLES
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TinyModelSource(_Strict):
+    """A member of the built-in tiny family (``orchard.engines.tiny``), initialised from ``seed``."""
+
+    type: Literal["tiny"] = "tiny"
+    name: str = Field("tiny-llama-micro", description="Family member: tiny-llama, tiny-qwen2, tiny-llama-micro.")
+    seed: int = Field(0, ge=0, description="Initialisation seed (the engines' --tiny-seed for the same weights).")
+
+
+class CheckpointModelSource(_Strict):
+    """Any Hugging Face causal-LM checkpoint directory (``config.json`` + weights)."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    path: Path = Field(..., description="Checkpoint directory to start from (also the KL reference).")
+
+
+ModelSource = Annotated[TinyModelSource | CheckpointModelSource, Field(discriminator="type")]
+
+
+class ScheduleConfig(_Strict):
+    """Learning-rate schedule: linear warm-up, then constant, linear or cosine decay to ``min_lr_ratio * lr``."""
+
+    kind: Literal["constant", "linear", "cosine"] = Field("constant", description="Shape after the warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up from 0.")
+    total_steps: int | None = Field(
+        None, ge=1, description="Length of the decay (linear/cosine); default: the trainer's max_steps."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Floor of the decay, as a fraction of lr.")
+
+
+class LossConfig(_Strict):
+    """Which loss each sample gets, and its coefficients."""
+
+    kind: Literal["auto", "sft", "rl"] = Field(
+        "auto",
+        description="auto: each sample's own kind (SFT: weighted NLL, RL: clipped policy gradient); "
+        "sft/rl: train only samples of that kind, skip (and count) the others.",
+    )
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range: ratios under 1 - eps are clipped.")
+    clip_eps_high: float | None = Field(
+        None, gt=0.0, description="Clip range above 1 (asymmetric clipping); default: clip_eps."
+    )
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL penalty to the frozen initial model (0: off).")
+
+
+class StalenessConfig(_Strict):
+    """Bounded staleness: how far behind the trainer's current version a sample's policy version may be."""
+
+    max_policy_lag: int | None = Field(
+        None, ge=0, description="Samples more versions behind than this are stale (None: no limit)."
+    )
+    policy: Literal["drop", "downweight"] = Field(
+        "drop", description="drop stale samples, or scale their loss by decay ** (lag - max_policy_lag)."
+    )
+    decay: float = Field(0.5, gt=0.0, le=1.0, description="Per-version factor of the down-weighting.")
+
+
+class PolicyTrainerConfig(_Strict):
+    """The policy trainer: model, optimisation, batching, losses, staleness, publication, checkpoints, run."""
+
+    model: ModelSource = Field(default_factory=TinyModelSource, description="What to train.")
+    model_name: str = Field("policy", min_length=1, description="PolicyVersion.model of the published weights.")
+    run_id: str | None = Field(None, description="Run the samples and versions belong to; default: Orchard's run_id.")
+    topic: str = Field(SAMPLES, min_length=1, description="Topic of TrainingSample records.")
+    group_id: str = Field("policy-trainer", min_length=1, description="Consumer group of the trainer.")
+    initial_version: int = Field(0, ge=0, description="Version number of the starting weights (engines serve it).")
+
+    lr: float = Field(1e-5, gt=0.0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    batch_tokens: int = Field(
+        4096, ge=8, description="Token budget of one micro-batch (one packed row); a longer sample gets its own row."
+    )
+    grad_accum: int = Field(
+        1, ge=1, description="Micro-batch budgets per optimizer step: a step takes batch_tokens * grad_accum tokens."
+    )
+    pad_to_multiple: int = Field(
+        1, ge=1, description="Pad each packed row to a multiple of this (steadier shapes for torch.compile)."
+    )
+    max_sample_tokens: int | None = Field(
+        None, ge=2, description="Longer samples are skipped and counted (default: the model's context length)."
+    )
+    grad_clip: float | None = Field(1.0, gt=0.0, description="Clip the global gradient norm to this (None: off).")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto: bf16 autocast where the device supports it (CUDA with bf16), else fp32."
+    )
+    compile: bool = Field(False, description="Run the model's forward through torch.compile.")
+    device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    backend: Literal["torch", "deepspeed"] = Field("torch", description="deepspeed: ZeRO through orchard[deepspeed].")
+    deepspeed_config: dict[str, Any] = Field(
+        default_factory=dict, description="Extra DeepSpeed config (zero_optimization, ...); see deepspeed_backend."
+    )
+
+    loss: LossConfig = Field(default_factory=LossConfig)
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+
+    publish_every: int = Field(10, ge=1, description="Publish weights (and a PolicyVersion) every N optimizer steps.")
+    checkpoint_every: int = Field(50, ge=1, description="Checkpoint to the store every N optimizer steps.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in the store (older ones are deleted).")
+    publish_on_exit: bool = Field(True, description="Publish and checkpoint once more when the run ends.")
+
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None: run on).")
+    idle_flush_s: float = Field(
+        5.0, ge=0.0, description="Train a partial step once no sample arrived for this long (the stream is idle)."
+    )
+    idle_exit_s: float | None = Field(
+        None, gt=0.0, description="Exit once the stream was idle this long with nothing left to train (None: never)."
+    )
+    poll_timeout_s: float = Field(0.5, gt=0.0, le=10.0, description="Longest wait of one poll of the topic.")
+
+    seed: int = Field(0, ge=0, description="Seed of every RNG (python, numpy, torch).")
+    deterministic: bool = Field(False, description="torch deterministic algorithms (bitwise-reproducible on CPU).")
+    cpu_threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: torch's default).")
+    run_dir: Path = Field(Path(".orchard/runs/policy"), description="Resolved config, metrics.jsonl, scratch files.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus metrics on this port (None: off)."
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> PolicyTrainerConfig:
+        if self.backend == "deepspeed" and self.compile:
+            raise ValueError("compile: torch.compile is configured through deepspeed_config with the deepspeed backend")
+        return self
+
+    @property
+    def step_tokens(self) -> int:
+        """Token budget of one optimizer step."""
+        return self.batch_tokens * self.grad_accum
+
+
+def load_trainer_config(path: Path | None = None, overrides: list[str] | None = None) -> PolicyTrainerConfig:
+    """The YAML file at ``path`` (or the defaults) with ``key.path=value`` overrides (values parsed as YAML).
+
+    Raises ``ConfigError`` naming every bad field or override.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read trainer configuration {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"trainer configuration {path} must be a mapping at the top level")
+        data = loaded
+    for item in overrides or []:
+        _apply_override(data, item)
+    try:
+        return PolicyTrainerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source + (" with overrides" if overrides else ""))) from exc
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML: {exc}") from exc
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is not a mapping")
+        node = child
+    node[leaf] = value

@@ -1,0 +1,500 @@
+"""``PolicyTrainer``: consume ``TrainingSample`` records, train the policy, publish versions, checkpoint with offsets.
+
+The loop, top to bottom (``PolicyTrainer.run``):
+
+1. **restore**: load the newest checkpoint from the store (model, optimizer, scheduler, RNG, step, version) and seek
+   the consumer to the offsets it was trained up to; without one, start from the seeded initial weights and the
+   group's committed offsets (or the beginning of the topic);
+2. **poll** (at most ``poll_timeout_s``), decode each record into a ``Sample`` (undecodable or inconsistent records
+   are dead-lettered and skipped), and queue it in arrival order;
+3. **form a step**: take queued samples in order until the next one would overflow ``batch_tokens * grad_accum``;
+   each sample's staleness is judged now, against the current version (dropped or down-weighted); a partial step is
+   taken once the stream has been idle ``idle_flush_s``;
+4. **train**: pack the step's samples into rows (``trainers.batching``), forward/backward each row with the
+   step-normalised loss (``trainers.losses``), one optimizer step (clip, AdamW, schedule);
+5. every ``publish_every`` steps **publish** the weights (safetensors + manifest) and a ``PolicyVersion``; every
+   ``checkpoint_every`` steps **checkpoint** to the store with the offsets of the records trained so far.
+
+Offsets: a step always takes a prefix of the queue, so the records trained are, in every partition, a prefix of what
+was polled; the checkpoint stores the offset after that prefix. Bitwise reproducibility across a crash (with
+``deterministic`` on CPU) also needs the records to arrive in the same order, which holds within a partition: a
+multi-partition topic interleaves partitions by timing.
+
+A version re-published after a crash (the previous process published it after its last checkpoint) already exists
+in the store: the trainer keeps the stored files and announces the version again (engines ignore versions that are
+not newer than the one they serve).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, open_bus
+from orchard.bus.dead_letter import DeadLetterRouter
+from orchard.clock import now_ms
+from orchard.codec import Codec
+from orchard.config import OrchardConfig
+from orchard.logging import get_logger
+from orchard.store import ArtifactStore, open_store
+from orchard.store.versions import manifest_key
+from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
+from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, resolve_device
+from trainers.batching import PackedBatch, Sample, pack_step, padding_waste, sample_from_record
+from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
+from trainers.config import PolicyTrainerConfig
+from trainers.exceptions import InvalidSampleError
+from trainers.losses import LossOutput, packed_loss, token_logprobs
+from trainers.metrics import TrainerMetrics
+from trainers.staleness import LagStats, StalenessCheck
+from trainers.weights import policy_artifact_name, publish_policy_version
+
+log = get_logger("trainers.policy")
+
+
+@dataclass
+class _Queued:
+    """A polled record waiting for a step: its position, and its sample (None if it was skipped)."""
+
+    tp: TopicPartition
+    offset: int
+    sample: Sample | None
+
+
+@dataclass
+class _Step:
+    """The records one optimizer step consumes, the samples it trains on, and their lags."""
+
+    consumed: list[_Queued]
+    samples: list[Sample]
+    lags: LagStats
+
+
+@dataclass
+class RunSummary:
+    """What a run did (also the return value of ``PolicyTrainer.run``)."""
+
+    steps: int = 0
+    policy_version: int = 0
+    samples: int = 0
+    tokens: int = 0
+    resumed_from_step: int | None = None
+    published: list[int] = field(default_factory=list)
+    offsets: Offsets = field(default_factory=dict)
+
+
+class PolicyTrainer:
+    """The policy trainer; see the module docstring. ``run()`` trains until ``max_steps`` or an idle exit."""
+
+    def __init__(
+        self,
+        config: PolicyTrainerConfig,
+        orchard: OrchardConfig,
+        *,
+        bus: Bus | None = None,
+        store: ArtifactStore | None = None,
+        codec: Codec | None = None,
+    ) -> None:
+        self.config = config
+        self.orchard = orchard
+        self.run_id = config.run_id or orchard.run_id
+        self.codec = codec or Codec.default()
+        self._owns = (bus is None, store is None)
+        self.bus = bus or open_bus(orchard.bus)
+        self.store = store or open_store(orchard.store)
+        self.device = resolve_device(config.device)
+        self.staleness = StalenessCheck(
+            config.staleness.max_policy_lag, config.staleness.policy, config.staleness.decay
+        )
+        self.checkpoints = CheckpointStore(
+            self.store, self.run_id, config.model_name, config.run_dir / "scratch", config.keep_checkpoints
+        )
+        self.metrics = TrainerMetrics(
+            config.run_dir, {"run_id": self.run_id, "model": config.model_name}, port=config.metrics_port
+        )
+        self.metrics.write_config(self._resolved_config())
+        self.step = 0
+        self.policy_version = config.initial_version
+        self.consumed: Offsets = {}
+        self.summary = RunSummary(policy_version=self.policy_version)
+        self._queue: deque[_Queued] = deque()
+        self._last_published_step = 0
+        self._last_checkpoint_step = 0
+        self._last_step_end = time.perf_counter()
+        self.backend: TrainingBackend
+        self.reference: torch.nn.Module | None = None
+
+    # ------------------------------------------------------------------------------------------------ the loop
+
+    def run(self) -> RunSummary:
+        """Train until ``max_steps`` (or, with ``idle_exit_s``, until the stream stays idle); return a summary."""
+        self._prepare_torch()
+        self._build_model()
+        self._create_topics()
+        producer = self.bus.producer()
+        consumer = self.bus.consumer([self.config.topic], self.config.group_id, instance_id=self.config.group_id)
+        router = DeadLetterRouter(producer, self.codec, consumer_group=self.config.group_id)
+        try:
+            self._restore(consumer)
+            self._loop(consumer, producer, router)
+            self._finish(consumer, producer, router)
+        finally:
+            consumer.close()
+            producer.close()
+            self.close()
+        return self.summary
+
+    def _loop(self, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
+        last_arrival = time.monotonic()
+        while not self._reached_max_steps():
+            records = consumer.poll(max_records=256, timeout_s=self.config.poll_timeout_s)
+            if records:
+                last_arrival = time.monotonic()
+                self._enqueue(records, router)
+            while not self._reached_max_steps() and (step := self._form_step(full_only=True)) is not None:
+                self._run_step(step, consumer, producer, router)
+            idle = time.monotonic() - last_arrival
+            if not records and self._queue and idle >= self.config.idle_flush_s:
+                step = self._form_step(full_only=False)
+                if step is not None:
+                    self._run_step(step, consumer, producer, router)
+            if self.config.idle_exit_s is not None and not self._queue and idle >= self.config.idle_exit_s:
+                log.info("stream idle, exiting", idle_s=round(idle, 1), step=self.step)
+                return
+
+    def _run_step(self, step: _Step, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
+        if step.samples:
+            self._train(step)
+        self._mark_consumed(step.consumed)
+        if not step.samples:
+            return
+        if self.step % self.config.publish_every == 0:
+            self._publish(producer)
+        if self.step % self.config.checkpoint_every == 0:
+            self._checkpoint(consumer, router)
+
+    def _finish(self, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
+        if not self.config.publish_on_exit:
+            return
+        if self.step > self._last_published_step:
+            self._publish(producer)
+        if self.step > self._last_checkpoint_step:
+            self._checkpoint(consumer, router)
+
+    def _reached_max_steps(self) -> bool:
+        return self.config.max_steps is not None and self.step >= self.config.max_steps
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    def _prepare_torch(self) -> None:
+        if self.config.cpu_threads is not None:
+            torch.set_num_threads(self.config.cpu_threads)
+        if self.config.deterministic:  # process-wide, as torch has it
+            torch.use_deterministic_algorithms(True)
+        random.seed(self.config.seed)
+        np.random.seed(self.config.seed)  # noqa: NPY002 - the global RNG is what user code seeds
+        torch.manual_seed(self.config.seed)
+
+    def _build_model(self) -> None:
+        model = load_policy_model(self.config.model)
+        self.pad_token_id = int(model.config.pad_token_id or 0)
+        self.vocab_size = int(model.config.vocab_size)
+        context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self.max_sample_tokens = self.config.max_sample_tokens or context or None
+        if self.config.loss.kl_coef > 0.0:
+            reference = load_policy_model(self.config.model).to(self.device).eval()
+            reference.requires_grad_(False)
+            self.reference = reference
+        if self.config.backend == "deepspeed":
+            from trainers.deepspeed_backend import DeepSpeedBackend
+
+            self.backend = DeepSpeedBackend(model, self.config, self.device)
+        else:
+            self.backend = TorchBackend(model, self.config, self.device)
+
+    def _create_topics(self) -> None:
+        for topic in (self.config.topic, POLICY_VERSIONS, DEAD_LETTERS):
+            spec = TOPICS_BY_NAME.get(topic)
+            self.bus.create_topic(topic, spec.partitions if spec else None, exist_ok=True)
+
+    def _restore(self, consumer: Consumer) -> None:
+        checkpoint = self.checkpoints.load_latest()
+        if checkpoint is None:
+            log.info("no checkpoint, starting from the initial weights", run_id=self.run_id, seed=self.config.seed)
+            return
+        self.backend.load_state_tensors(checkpoint.tensors)
+        restore_rng(checkpoint.tensors, checkpoint.state.python_rng, checkpoint.state.numpy_rng)
+        state = checkpoint.state
+        self.step, self.policy_version, self.consumed = state.step, state.policy_version, state.offsets
+        self._last_published_step = self._last_checkpoint_step = state.step
+        self.summary = RunSummary(
+            steps=state.step,
+            policy_version=state.policy_version,
+            samples=int(state.counters.get("samples", 0)),
+            tokens=int(state.counters.get("tokens", 0)),
+            resumed_from_step=state.step,
+            offsets=state.offsets,
+        )
+        for topic, partitions in state.offsets.items():
+            for partition, offset in partitions.items():
+                consumer.seek(TopicPartition(topic, partition), offset)
+        log.info("resumed", step=self.step, policy_version=self.policy_version, offsets=self.consumed)
+
+    # ------------------------------------------------------------------------------------------------ input
+
+    def _enqueue(self, records: list[Record], router: DeadLetterRouter) -> None:
+        for record in records:
+            self._queue.append(_Queued(record.topic_partition, record.offset, self._sample(record, router)))
+
+    def _sample(self, record: Record, router: DeadLetterRouter) -> Sample | None:
+        decoded = router.decode(record, "TrainingSample")
+        if decoded is None:
+            self.metrics.count("samples_skipped")
+            return None
+        fields = decoded.record
+        reason = self._skip_reason(fields)
+        if reason is None:
+            try:
+                sample = sample_from_record(fields)
+            except InvalidSampleError as exc:
+                router.send(record, str(exc), type(exc).__name__)
+                self.metrics.count("samples_skipped")
+                return None
+            reason = self._shape_problem(sample)
+            if reason is None:
+                return sample
+        log.warning("sample skipped", sample_id=fields["sample_id"], reason=reason, offset=record.offset)
+        self.metrics.count("samples_skipped")
+        return None
+
+    def _shape_problem(self, sample: Sample) -> str | None:
+        if self.max_sample_tokens is not None and sample.num_tokens > self.max_sample_tokens:
+            return f"{sample.num_tokens} tokens, over max_sample_tokens={self.max_sample_tokens}"
+        low, high = int(sample.token_ids.min()), int(sample.token_ids.max())
+        if low < 0 or high >= self.vocab_size:
+            return f"token ids in [{low}, {high}] outside the model's vocabulary of {self.vocab_size}"
+        return None
+
+    def _skip_reason(self, fields: dict[str, Any]) -> str | None:
+        if fields["run_id"] != self.run_id:
+            return f"run {fields['run_id']!r}, this trainer trains run {self.run_id!r}"
+        kind = self.config.loss.kind
+        if kind != "auto" and fields["kind"] != kind.upper():
+            return f"a {fields['kind']} sample, this trainer trains {kind.upper()} only (loss.kind)"
+        return None
+
+    def _form_step(self, *, full_only: bool) -> _Step | None:
+        """The next step from the head of the queue; None if ``full_only`` and the budget is not filled yet."""
+        budget, tokens, kept, lags = self.config.step_tokens, 0, [], LagStats()
+        cut = len(self._queue)
+        for index, queued in enumerate(self._queue):
+            if queued.sample is None:
+                continue
+            verdict = self.staleness.judge(queued.sample.policy_version, self.policy_version)
+            if verdict.keep and kept and tokens + queued.sample.num_tokens > budget:
+                cut = index
+                break
+            lags.add(verdict)
+            if verdict.keep:
+                kept.append(replace(queued.sample, weight=verdict.weight))
+                tokens += queued.sample.num_tokens
+        else:
+            if full_only and tokens < budget:
+                return None
+        consumed = [self._queue.popleft() for _ in range(cut)]
+        return _Step(consumed, kept, lags)
+
+    def _mark_consumed(self, consumed: list[_Queued]) -> None:
+        for queued in consumed:
+            self.consumed.setdefault(queued.tp.topic, {})[queued.tp.partition] = queued.offset + 1
+
+    # ------------------------------------------------------------------------------------------------ training
+
+    def _train(self, step: _Step) -> None:
+        start = time.perf_counter()
+        batches = pack_step(step.samples, self.config.batch_tokens, self.pad_token_id, self.config.pad_to_multiple)
+        normalizer = float(max(1, sum(s.num_loss_tokens for s in step.samples)))
+        outputs = [self._micro_batch(batch.to(self.device), normalizer) for batch in batches]
+        grad_norm = self.backend.step()
+        self.step += 1
+        seconds = time.perf_counter() - start
+        self._last_step_end = time.perf_counter()
+        self._record(step, batches, outputs, grad_norm, seconds)
+
+    def _micro_batch(self, batch: PackedBatch, normalizer: float) -> LossOutput:
+        logits = self.backend.forward(batch.input_ids, batch.position_ids)
+        logprobs = token_logprobs(logits, batch.targets)
+        del logits
+        reference = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logits = self.reference(
+                    input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
+                ).logits
+                reference = token_logprobs(ref_logits, batch.targets)
+        output = packed_loss(
+            logprobs,
+            batch,
+            normalizer=normalizer,
+            clip_eps=self.config.loss.clip_eps,
+            clip_eps_high=self.config.loss.clip_eps_high,
+            kl_coef=self.config.loss.kl_coef,
+            reference_logprobs=reference,
+        )
+        self.backend.backward(output.loss)
+        return output
+
+    def _record(
+        self, step: _Step, batches: list[PackedBatch], outputs: list[LossOutput], grad_norm: float, seconds: float
+    ) -> None:
+        tokens = sum(s.num_tokens for s in step.samples)
+        rl_tokens = sum(o.rl_tokens for o in outputs)
+        loss_tokens = max(1.0, sum(o.loss_tokens for o in outputs))
+        advantages = np.concatenate([s.advantages[1:][s.loss_mask[1:] > 0] for s in step.samples])
+        values: dict[str, Any] = {
+            "step": self.step,
+            "time": time.time(),
+            "policy_version": self.policy_version,
+            "loss": sum(float(o.loss.detach()) for o in outputs),
+            "samples": len(step.samples),
+            "tokens": tokens,
+            "micro_batches": len(batches),
+            "padding_waste": padding_waste(batches),
+            "reward_mean": float(np.mean([s.reward for s in step.samples])),
+            "advantage_mean": float(advantages.mean()) if advantages.size else 0.0,
+            "advantage_std": float(advantages.std()) if advantages.size else 0.0,
+            "advantage_min": float(advantages.min()) if advantages.size else 0.0,
+            "advantage_max": float(advantages.max()) if advantages.size else 0.0,
+            "clip_fraction": sum(o.clipped_tokens for o in outputs) / rl_tokens if rl_tokens else 0.0,
+            "ratio_mean": sum(o.ratio_sum for o in outputs) / rl_tokens if rl_tokens else 1.0,
+            "kl": sum(o.kl_sum for o in outputs) / loss_tokens,
+            "grad_norm": grad_norm,
+            "lr": self.backend.lr,
+            "seconds": seconds,
+            "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "policy_lag_mean": step.lags.mean,
+            "policy_lag_max": step.lags.maximum,
+            "samples_dropped_stale": step.lags.dropped,
+            "samples_downweighted_stale": step.lags.downweighted,
+        }
+        for sample in step.samples:
+            self.metrics.observe_lag(max(0, self.policy_version - sample.policy_version))
+        self.metrics.count("samples", len(step.samples))
+        self.metrics.count("tokens", tokens)
+        self.metrics.count("samples_dropped_stale", step.lags.dropped)
+        self.metrics.count("samples_downweighted_stale", step.lags.downweighted)
+        self.metrics.record_step(values)
+        self.summary.steps, self.summary.samples = self.step, self.summary.samples + len(step.samples)
+        self.summary.tokens += tokens
+        self._last_values = values
+
+    # ------------------------------------------------------------------------------------------------ output
+
+    def _publish(self, producer: Producer) -> None:
+        version = self.policy_version + 1
+        scratch = self.config.run_dir / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"export-v{version}-", dir=scratch))
+        start = time.perf_counter()
+        metrics = {k: float(v) for k, v in self._step_metrics().items()}
+        try:
+            name = policy_artifact_name(self.run_id, self.config.model_name)
+            if self.store.exists(manifest_key(name, version)):
+                self._announce_existing(producer, name, version)
+            else:
+                files = self.backend.export(work)
+                publish_policy_version(
+                    self.store, producer, run_id=self.run_id, model=self.config.model_name, version=version,
+                    files=files, trainer_step=self.step, metrics=metrics, codec=self.codec,
+                )  # fmt: skip
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self.policy_version = version
+        self._last_published_step = self.step
+        self.summary.policy_version = version
+        self.summary.published.append(version)
+        self.metrics.count("versions_published")
+        self.metrics.set_gauge("policy_version", version)
+        log.info(
+            "policy version published",
+            version=version,
+            step=self.step,
+            seconds=round(time.perf_counter() - start, 3),
+            since_step_s=round(time.perf_counter() - self._last_step_end, 3),
+        )
+
+    def _announce_existing(self, producer: Producer, name: str, version: int) -> None:
+        """Announce a version an earlier process of this run published after its last checkpoint."""
+        key = manifest_key(name, version)
+        manifest = self.store.read_manifest(name, version)
+        stored_step = manifest.metadata.get("trainer_step")
+        log.warning(
+            "version already published by an earlier run of this trainer; keeping it and announcing it again",
+            version=version,
+            step=self.step,
+            stored_step=stored_step,
+        )
+        record = {
+            "run_id": self.run_id,
+            "model": self.config.model_name,
+            "version": version,
+            "uri": f"{self.store.location}/{key}",
+            "sha256": hashlib.sha256(self.store.get_bytes(key)).hexdigest(),
+            "trainer_step": int(stored_step) if isinstance(stored_step, int) else self.step,
+            "metrics": {},
+            "created_at": now_ms(),
+        }
+        producer.send(POLICY_VERSIONS, self.codec.encode("PolicyVersion", record), key=self.config.model_name.encode())
+
+    def _checkpoint(self, consumer: Consumer, router: DeadLetterRouter) -> None:
+        router.flush()  # letters of skipped records are durable before their offsets are
+        rng_tensors, python_rng, numpy_rng = capture_rng()
+        counters = {"samples": float(self.summary.samples), "tokens": float(self.summary.tokens)}
+        state = TrainerState(self.step, self.policy_version, _copy(self.consumed), counters, python_rng, numpy_rng)
+        if self.checkpoints.save({**self.backend.state_tensors(), **rng_tensors}, state):
+            self.metrics.count("checkpoints")
+        self._last_checkpoint_step = self.step
+        self.summary.offsets = _copy(self.consumed)
+        self._commit_if_settled(consumer)
+
+    def _commit_if_settled(self, consumer: Consumer) -> None:
+        """Commit the group's offsets when they equal the checkpoint's (nothing polled is still queued).
+
+        The checkpoint is the record of what was trained; the group's offsets only show the lag to monitoring, so
+        they are never moved past it.
+        """
+        position = consumer.position()
+        checkpointed = {TopicPartition(t, p): o for t, parts in self.consumed.items() for p, o in parts.items()}
+        if all(checkpointed.get(tp, -1) == offset for tp, offset in position.items()):
+            consumer.commit()
+
+    def _step_metrics(self) -> dict[str, float]:
+        values = getattr(self, "_last_values", {})
+        keys = ("loss", "grad_norm", "kl", "clip_fraction", "reward_mean", "advantage_mean", "policy_lag_mean")
+        return {k: float(values[k]) for k in keys if k in values}
+
+    def _resolved_config(self) -> dict[str, Any]:
+        orchard = self.orchard.model_dump(mode="json", exclude={"store": {"access_key", "secret_key"}})
+        return {"trainer": self.config.model_dump(mode="json"), "orchard": orchard, "run_id": self.run_id}
+
+    def close(self) -> None:
+        """Close the metrics file and the bus and store this trainer opened."""
+        self.metrics.close()
+        if self._owns[0]:
+            self.bus.close()
+        if self._owns[1]:
+            self.store.close()
+
+
+def _copy(offsets: Offsets) -> Offsets:
+    return {topic: dict(parts) for topic, parts in offsets.items()}

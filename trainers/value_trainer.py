@@ -1,0 +1,273 @@
+"""The value trainer (``orchard train value``): finished trajectories from the bus in, value-model versions out.
+
+Loop: poll ``trajectories`` (≤1 s), decode each record (undecodable ones and other schemas go to the dead-letter
+topic), keep the complete trajectories with at least one model call, and once ``batch_size`` of them are buffered
+take one BCE step (``trainers.value.bce_step``). Every ``publish_every`` steps the weights are published like the
+policy's (``trainers.weights.publish_policy_version``: files and a manifest with sha256 to the store, then a
+``PolicyVersion`` record with ``model=<name>``, default ``"value"``, so engines that follow the policy ignore it);
+every ``checkpoint_every`` steps a checkpoint goes to the store (``trainers.checkpoint``).
+
+Offsets live in the checkpoint, as the policy trainer's do: per partition, the next offset after the last record
+that went into an optimizer step (skipped records count as trained once a later step passes them). A restarted
+trainer seeks to them, so nothing is trained twice and nothing skipped; the consumer group's own committed offsets
+are not used. A version published after the last checkpoint is not published again under the same number: a
+restarted trainer continues after the newest version in the store.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from consumers.trajectory import Trajectory
+from consumers.trajectory_records import trajectory_from_record
+from orchard.bus import Bus, Producer, Record
+from orchard.bus.base import TopicPartition
+from orchard.bus.dead_letter import DeadLetterRouter
+from orchard.logging import get_logger
+from orchard.serialization_errors import SerializationError
+from orchard.store import ArtifactStore
+from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME, TRAJECTORIES
+from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
+from trainers.exceptions import CheckpointError
+from trainers.value import ValueExample, ValueModel, ValueModelConfig, bce_step, trajectory_label, trajectory_tokens
+from trainers.weights import policy_artifact_name, publish_policy_version
+
+log = get_logger("trainers.value_trainer")
+
+
+class ValueTrainerConfig(BaseModel):
+    """Settings of the value trainer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field("default", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Run to train for.")
+    name: str = Field("value", pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Model name of published versions.")
+    value_model: ValueModelConfig = Field(default_factory=ValueModelConfig)
+    topic: str = Field(TRAJECTORIES, min_length=1, description="Topic of Trajectory records.")
+    group: str = Field("value-trainer", min_length=1, description="Consumer group.")
+    label: Literal["success", "reward"] = Field("success", description="Target: success, or reward clipped to [0,1].")
+    batch_size: int = Field(16, ge=1, description="Trajectories per optimizer step.")
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping (0: off).")
+    publish_every: int = Field(100, ge=1, description="Publish a version every this many steps.")
+    checkpoint_every: int = Field(100, ge=1, description="Checkpoint every this many steps.")
+    keep_checkpoints: int = Field(2, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (None: run until stopped).")
+    poll_timeout_s: float = Field(1.0, gt=0, le=1.0, description="Longest wait of one poll (≤1 s: Ctrl-C works).")
+
+
+@dataclass
+class _Pending:
+    topic: str
+    partition: int
+    offset: int
+    example: ValueExample | None  # None: a record that is skipped (it still moves the offsets on)
+
+
+class ValueTrainer:
+    """The trainer's state: model, optimizer, step, latest version, buffered examples and offsets trained up to."""
+
+    def __init__(self, config: ValueTrainerConfig, model: ValueModel | None = None) -> None:
+        self.config = config
+        self.model = model or ValueModel.build(config.value_model)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+        )
+        self.step = 0
+        self.version = 0
+        self.skipped = 0
+        self.last_loss: float | None = None
+        self.offsets: Offsets = {}
+        self._pending: deque[_Pending] = deque()
+        self._buffered = 0
+
+    @property
+    def artifact_name(self) -> str:
+        """Where this trainer's versions live in the store."""
+        return policy_artifact_name(self.config.run_id, self.config.name)
+
+    def add(self, trajectory: Trajectory | None, *, topic: str = "", partition: int = 0, offset: int = -1) -> bool:
+        """Buffer one trajectory (read at ``topic``/``partition``/``offset``); False if it is skipped.
+
+        Skipped: None (undecodable), incomplete, another run's, or without model calls.
+        """
+        example = self._example(trajectory)
+        self._pending.append(_Pending(topic, partition, offset, example))
+        if example is None:
+            self.skipped += 1
+            return False
+        self._buffered += 1
+        return True
+
+    def _example(self, trajectory: Trajectory | None) -> ValueExample | None:
+        if trajectory is None or not trajectory.complete or not trajectory.steps:
+            return None
+        if trajectory.run_id != self.config.run_id:
+            return None
+        tokens = trajectory_tokens(trajectory, self.model.max_length)
+        return ValueExample(tokens, trajectory_label(trajectory, self.config.label))
+
+    def ready(self) -> bool:
+        """Whether a full batch is buffered."""
+        return self._buffered >= self.config.batch_size
+
+    def train_step(self) -> float:
+        """One optimizer step on the next ``batch_size`` buffered examples; returns the loss."""
+        if not self.ready():
+            raise ValueError(f"only {self._buffered} of {self.config.batch_size} examples are buffered")
+        batch: list[ValueExample] = []
+        while len(batch) < self.config.batch_size:
+            entry = self._pending.popleft()
+            self._advance(entry)
+            if entry.example is not None:
+                batch.append(entry.example)
+        self._buffered -= len(batch)
+        self.last_loss = bce_step(self.model, self.optimizer, batch, self.config.max_grad_norm)
+        self.step += 1
+        log.debug("value step", step=self.step, loss=round(self.last_loss, 5))
+        return self.last_loss
+
+    def _advance(self, entry: _Pending) -> None:
+        if entry.offset >= 0:
+            parts = self.offsets.setdefault(entry.topic, {})
+            parts[entry.partition] = max(parts.get(entry.partition, 0), entry.offset + 1)
+
+    def publish(self, store: ArtifactStore, producer: Producer, scratch_dir: Path) -> dict[str, Any]:
+        """Publish the current weights as the next version; return the ``PolicyVersion`` record sent."""
+        scratch_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="value-version-", dir=scratch_dir))
+        try:
+            files = self.model.save(work)
+            metrics = {"loss": self.last_loss} if self.last_loss is not None else {}
+            _, record = publish_policy_version(
+                store,
+                producer,
+                run_id=self.config.run_id,
+                model=self.config.name,
+                version=self.version + 1,
+                files=files,
+                trainer_step=self.step,
+                metrics=metrics,
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        self.version += 1
+        log.info("value model published", version=self.version, step=self.step, loss=self.last_loss)
+        return record
+
+    def checkpoint(self, checkpoints: CheckpointStore) -> bool:
+        """Save model, optimizer, RNG, step, version and offsets; False if this step was already saved."""
+        tensors, python_rng, numpy_rng = capture_rng()
+        tensors.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+        counters = {"skipped": float(self.skipped)}
+        state = TrainerState(self.step, self.version, self.offsets, counters, python_rng, numpy_rng)
+        return checkpoints.save(tensors, state)
+
+    def restore(self, checkpoints: CheckpointStore, store: ArtifactStore) -> Offsets:
+        """Load the newest checkpoint (if any); return the offsets to seek to. Versions continue after the store's."""
+        loaded = checkpoints.load_latest()
+        if loaded is not None:
+            try:
+                self.model.load_state_dict(loaded.tensors["model"], strict=True)
+                self.optimizer.load_state_dict(loaded.tensors["optimizer"])
+            except (KeyError, RuntimeError, ValueError) as exc:
+                raise CheckpointError(f"checkpoint {checkpoints.name} does not fit this value model: {exc}") from exc
+            restore_rng(loaded.tensors, loaded.state.python_rng, loaded.state.numpy_rng)
+            self.step = loaded.state.step
+            self.version = loaded.state.policy_version
+            self.offsets = {topic: dict(parts) for topic, parts in loaded.state.offsets.items()}
+            self.skipped = int(loaded.state.counters.get("skipped", 0))
+        self.version = max(self.version, store.latest_version(self.artifact_name) or 0)
+        return self.offsets
+
+
+def run_value_trainer(
+    bus: Bus,
+    store: ArtifactStore,
+    config: ValueTrainerConfig,
+    *,
+    scratch_dir: Path,
+    stop: threading.Event | None = None,
+    max_idle_polls: int | None = None,
+    trainer: ValueTrainer | None = None,
+) -> ValueTrainer:
+    """Run the loop (module docstring) until ``max_steps``, ``stop`` is set, or ``max_idle_polls`` empty polls."""
+    trainer = trainer or ValueTrainer(config)
+    checkpoints = CheckpointStore(
+        store, config.run_id, config.name, scratch_dir / "checkpoints", config.keep_checkpoints
+    )
+    offsets = trainer.restore(checkpoints, store)
+    _ensure_topics(bus, config.topic)
+    consumer = bus.consumer([config.topic], group=config.group)
+    producer = bus.producer()
+    router = DeadLetterRouter(producer, consumer_group=config.group)
+    log.info("value trainer started", run_id=config.run_id, step=trainer.step, version=trainer.version, offsets=offsets)
+    try:
+        for partition, offset in offsets.get(config.topic, {}).items():
+            consumer.seek(TopicPartition(config.topic, partition), offset)
+        idle = 0
+        while not _finished(trainer, config, stop):
+            records = consumer.poll(max_records=config.batch_size * 4, timeout_s=config.poll_timeout_s)
+            # A poll before the group has assigned partitions (a Kafka rebalance takes seconds) is not idleness.
+            idle = 0 if records or not consumer.assignment() else idle + 1
+            if max_idle_polls is not None and idle >= max_idle_polls:
+                break
+            for record in records:
+                trainer.add(
+                    _decode(router, record), topic=record.topic, partition=record.partition, offset=record.offset
+                )
+            while trainer.ready() and not _finished(trainer, config, stop):
+                _step(trainer, config, store, producer, checkpoints, scratch_dir)
+    finally:
+        consumer.close()
+        producer.close()
+    log.info("value trainer stopped", step=trainer.step, version=trainer.version, skipped=trainer.skipped)
+    return trainer
+
+
+def _ensure_topics(bus: Bus, source: str) -> None:
+    for name in (source, POLICY_VERSIONS, DEAD_LETTERS):
+        spec = TOPICS_BY_NAME.get(name)
+        bus.create_topic(name, spec.partitions if spec else None, spec.config if spec else None, exist_ok=True)
+
+
+def _finished(trainer: ValueTrainer, config: ValueTrainerConfig, stop: threading.Event | None) -> bool:
+    return (stop is not None and stop.is_set()) or (config.max_steps is not None and trainer.step >= config.max_steps)
+
+
+def _step(
+    trainer: ValueTrainer,
+    config: ValueTrainerConfig,
+    store: ArtifactStore,
+    producer: Producer,
+    checkpoints: CheckpointStore,
+    scratch_dir: Path,
+) -> None:
+    trainer.train_step()
+    last = config.max_steps is not None and trainer.step >= config.max_steps
+    if trainer.step % config.publish_every == 0 or last:
+        trainer.publish(store, producer, scratch_dir)
+    if trainer.step % config.checkpoint_every == 0 or last:
+        producer.flush()  # dead letters of the records this checkpoint's offsets pass over are acknowledged first
+        trainer.checkpoint(checkpoints)
+
+
+def _decode(router: DeadLetterRouter, record: Record) -> Trajectory | None:
+    decoded = router.decode(record, expected_schema="Trajectory")
+    if decoded is None:
+        return None
+    try:
+        return trajectory_from_record(decoded.record, router.codec)
+    except (KeyError, ValueError, SerializationError) as exc:
+        router.send(record, f"cannot assemble the trajectory: {exc}", type(exc).__name__)
+        return None
