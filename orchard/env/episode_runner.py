@@ -10,12 +10,15 @@ Order matters for what the trainers may trust:
 5. the outcome is published (and acknowledged), and the sandbox deleted.
 
 Failures of the platform (no sandbox, no proxy) raise ``InfrastructureError`` and the scheduler retries; a harness
-that crashes yields a ``CRASHED`` outcome; every path ends with exactly one outcome.
+that crashes (killed by a signal: exit status 128 + N) or cannot start (126, 127: not executable, not found) yields a
+``CRASHED`` outcome without grading, its error naming what happened with the end of the harness's stderr; every path
+ends with exactly one outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 import httpx
@@ -31,7 +34,12 @@ from orchard.logging import get_logger
 from orchard.topics import OUTCOMES
 
 log = get_logger("env.episode")
-CRASH_EXIT_CODES = range(128, 256)  # killed by a signal (as the sandbox's init reports it)
+NOT_STARTED_EXIT_CODES = frozenset({126, 127})
+"""The shell's "found but not executable" and "not found": the harness never ran."""
+CRASH_EXIT_CODES = NOT_STARTED_EXIT_CODES | frozenset(range(128, 256))
+"""Harness exit statuses that mean ``CRASHED``: it could not start, or a signal killed it (``128 + N``)."""
+STDERR_IN_ERROR = 400
+"""How much of the end of a crashed harness's stderr the outcome's ``error`` keeps."""
 
 
 class ProxyAdmin:
@@ -104,7 +112,7 @@ class LocalEpisodeRunner:
             self._calls[episode.episode_id] = int(summary.get("calls_recorded", 0))
             if run.timed_out or (run.exit_code is not None and run.exit_code in CRASH_EXIT_CODES):
                 state = EpisodeState.TIMED_OUT if run.timed_out else EpisodeState.CRASHED
-                await self._publish(episode, state, None, f"harness exit {run.exit_code}", run)
+                await self._publish(episode, state, None, harness_failure(run), run)
                 episode.result = {"harness_exit_code": run.exit_code}
                 return state
             verdict = await asyncio.to_thread(grade, sandbox, task)
@@ -178,6 +186,39 @@ class LocalEpisodeRunner:
         }
         value = self.codec.encode("EpisodeOutcome", record)
         await asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
+
+
+def harness_failure(run: HarnessRun) -> str:
+    """The outcome's ``error`` for a harness that timed out, could not start or was killed: what happened, and the
+    end of its stderr (where the reason usually is).
+
+    >>> from orchard.harnesses.base import HarnessArtifacts
+    >>> killed = HarnessRun(harness="h", exit_code=137, timed_out=False, duration_ms=1.0,
+    ...                     artifacts=HarnessArtifacts(harness="h", logs={"stderr": "boom"}))
+    >>> harness_failure(killed)
+    'harness h was killed by signal 9 (SIGKILL), exit status 137; stderr: boom'
+    """
+    code = run.exit_code
+    if run.timed_out or code is None:
+        what = f"harness {run.harness} timed out"
+    elif code in NOT_STARTED_EXIT_CODES:
+        reason = "not found" if code == 127 else "not executable"
+        what = f"harness {run.harness} could not start ({reason}), exit status {code}"
+    elif code >= 128:
+        what = (
+            f"harness {run.harness} was killed by signal {code - 128} ({_signal_name(code - 128)}), exit status {code}"
+        )
+    else:
+        what = f"harness {run.harness} exited with status {code}"
+    stderr = run.artifacts.logs.get("stderr", "").strip()
+    return f"{what}; stderr: {stderr[-STDERR_IN_ERROR:]}" if stderr else what
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _sandbox_id(episode: Episode) -> str:

@@ -19,8 +19,11 @@ Detected once per process (``detect_isolation``), in decreasing strength:
 The holder's mount namespace hides the host's ``/run`` (system daemons' sockets), ``/tmp``, ``/var/tmp`` and
 ``/dev/shm`` behind private tmpfs mounts
 and replaces the runtime's root directory by a tmpfs holding only this sandbox's own directory, so one sandbox
-cannot see another's files even where they share a uid. Everything here uses util-linux (``unshare``, ``nsenter``,
-``prlimit``, ``setpriv``, ``setsid``, ``mount``), present on any Debian or Ubuntu.
+cannot see another's files even where they share a uid. Shared directories (harness installations, the runtime's own
+Python: ``orchard.env.interpreter``) come back read-only at their own paths; a directory above one that the
+sandbox's uid may not enter (``/root``, 0700) is replaced by a tmpfs holding only the shared directories
+(``traversal_masks``), so they are reachable and nothing else in it is. Everything here uses util-linux
+(``unshare``, ``nsenter``, ``prlimit``, ``setpriv``, ``setsid``, ``mount``), present on any Debian or Ubuntu.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,20 +45,23 @@ from orchard.logging import get_logger
 IsolationMode = Literal["auto", "root", "userns", "none"]
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MIB = 1024 * 1024
+PRIVATE_DIRS = ("/run", "/tmp", "/var/tmp", "/dev/shm")  # noqa: S108 - replaced by private tmpfs mounts
+"""Host directories every namespaced sandbox sees as its own empty tmpfs (``HOLDER_SCRIPT``)."""
 _TOOLS = ("unshare", "nsenter", "prlimit", "setpriv", "setsid", "mount")
 _PROBE_TIMEOUT_S = 15.0
 
 HOLDER_SCRIPT = r"""
-set -e
+set -ef
 cd "$1"
-root="$2" name="$3" size="$4" loopback="$5" shared="$6"
-shift 6
+root="$2" name="$3" size="$4" loopback="$5" shared="$6" masks="$7"
+shift 7
 IFS_WAS="$IFS"
 IFS=:
+i=0 stage=""
+for p in $shared; do i=$((i+1)); stage="${stage:+$stage:}.orchard-shared/$i"; done
+if [ -n "$stage" ]; then mkdir -p $stage; fi
 i=0
-for p in $shared; do
-  i=$((i+1)); mkdir -p ".orchard-shared/$i"; mount -n -c --bind "$p" ".orchard-shared/$i"
-done
+for p in $shared; do i=$((i+1)); mount -n -c --bind "$p" ".orchard-shared/$i"; done
 IFS="$IFS_WAS"
 for d in /run /tmp /var/tmp /dev/shm; do
   if [ -d "$d" ]; then mount -n -c -t tmpfs -o "mode=1777,size=$size" orchard-tmp "$d"; fi
@@ -62,15 +69,18 @@ done
 for d in "$@"; do
   if [ -d "$d" ]; then mount -n -c -t tmpfs -o mode=0755,size=4k orchard-hidden "$d"; fi
 done
+IFS=:
+if [ -n "$masks" ]; then mkdir -p $masks; fi
+for m in $masks; do mount -n -c -t tmpfs -o mode=0755,size=64k orchard-mask "$m"; done
+IFS="$IFS_WAS"
 mkdir -p "$root"
 mount -n -c -t tmpfs -o mode=0711,size=64k orchard-root "$root"
 mkdir "$root/$name"
 mount -n -c --bind . "$root/$name"
 IFS=:
+if [ -n "$shared" ]; then mkdir -p $shared; fi
 i=0
-for p in $shared; do
-  i=$((i+1)); mkdir -p "$p"; mount -n -c --bind ".orchard-shared/$i" "$p"; mount -n -c -o remount,ro,bind "$p"
-done
+for p in $shared; do i=$((i+1)); mount -n -c -o bind,ro ".orchard-shared/$i" "$p"; done
 IFS="$IFS_WAS"
 if [ "$loopback" = lo ]; then ip link set lo up 2>/dev/null || true; fi
 echo ready
@@ -79,12 +89,17 @@ read -r _ || true
 """Run as root of the holder's new mount namespace: ``$1`` sandbox dir, ``$2`` runtime root, ``$3`` sandbox name,
 ``$4`` tmpfs size, ``$5`` ``lo`` to bring the loopback up here (otherwise the runtime does it through ``setns``),
 ``$6`` ``:``-separated host directories to share read-only at their own paths even when under a hidden or private
-directory (the harness installation, say: staged through the sandbox directory before the tmpfs mounts), then
+directory (the harness installation, say: staged through the sandbox directory before the tmpfs mounts), ``$7``
+``:``-separated *masks*: directories the sandbox's user cannot traverse (``/root``, mode 0700) on the way to a
+shared directory, each replaced by an empty tmpfs in which only the shared directories reappear (so the rest of
+``/root`` stays invisible; listable, as Python's path-based imports list the directories on ``sys.path``), then
 the host directories to hide behind empty tmpfs mounts (canonical paths).
 It prints ``ready`` and waits for its stdin to close, so the runtime can open its namespace files first. ``cd`` pins
 the sandbox's own directory before the tmpfs hides the runtime root, and ``mount --bind .`` (``-c``: not
 canonicalised) brings exactly that directory back under its own path. ``-n``: no utab bookkeeping (it would land
-in the private /run, and costs a few ms per mount)."""
+in the private /run, and costs a few ms per mount). Each ``mount`` and ``mkdir`` is a process (a few ms on a busy
+machine), so directories are made in one ``mkdir -p`` per step and ``-o bind,ro`` binds read-only in one ``mount``
+(util-linux >= 2.27). ``set -f``: paths are never glob patterns."""
 
 NAMESPACES = ("mnt", "net", "uts", "ipc")
 """The namespaces a holder creates (plus ``user`` in ``userns`` mode), as named under ``/proc/<pid>/ns``."""
@@ -138,15 +153,19 @@ class Isolation:
         tmp_mb: int,
         hidden: Sequence[Path] = (),
         shared: Sequence[Path] = (),
+        masks: Sequence[Path] = (),
     ) -> list[str]:
         """The process that creates a sandbox's namespaces (prints ``ready`` once its mounts are in place);
-        ``hidden``: host directories the sandbox sees empty; ``shared``: host directories it sees read-only."""
+        ``hidden``: host directories the sandbox sees empty; ``shared``: host directories it sees read-only;
+        ``masks``: untraversable directories above shared ones, which it sees as empty directories holding only
+        the shared ones (``traversal_masks``)."""
         unshare = [self.tools["unshare"], "--mount", "--net", "--uts", "--ipc", "--propagation", "private"]
         if self.mode == "userns":
             unshare.insert(1, "--map-root-user")
         loopback = "" if self.mode == "root" else "lo"
-        shared_arg = ":".join(str(p) for p in shared)
+        shared_arg, masks_arg = ":".join(str(p) for p in shared), ":".join(str(p) for p in masks)
         script_args = [str(sandbox_dir), str(root_dir), sandbox_dir.name, f"{tmp_mb}m", loopback, shared_arg]
+        script_args.append(masks_arg)
         script_args += [str(p) for p in hidden]
         return [*unshare, "--", "/bin/sh", "-c", HOLDER_SCRIPT, "orchard-holder", *script_args]
 
@@ -205,6 +224,36 @@ def rlimit_args(limits: Limits, *, per_uid: bool) -> list[str]:
     if per_uid:
         args.append(f"--nproc={limits.processes}")
     return args
+
+
+def traversal_masks(shared: Sequence[Path]) -> list[Path]:
+    """The directories to mask (``holder_argv``'s ``masks``) so a sandbox's own uid reaches every ``shared`` path.
+
+    For each shared path, the topmost ancestor that others may not traverse (no ``o+x``; the sandbox's uid is
+    "other" to every host file), such as ``/root`` (0700) above a pyenv interpreter: inside the sandbox's mount
+    namespace it becomes an empty tmpfs in which only the shared paths are bound back, so nothing else under it
+    becomes visible. Masks under another mask are dropped (the outer one covers them).
+    """
+    found: set[Path] = set()
+    for path in shared:
+        for ancestor in reversed(path.parents):  # from "/" down
+            try:
+                mode = ancestor.stat().st_mode
+            except OSError:
+                break
+            if ancestor != Path("/") and not mode & stat.S_IXOTH:
+                found.add(ancestor)
+                break
+    return sorted(m for m in found if not any(m != other and m.is_relative_to(other) for other in found))
+
+
+def reachable_unchanged(path: Path, *, root: Path, hidden: Sequence[Path]) -> bool:
+    """Whether a sandbox's commands see ``path`` as the host does without sharing it: not under a private directory
+    (``PRIVATE_DIRS``), a hidden one or the runtime's root, and traversable by others all the way down."""
+    covered = [*(Path(d) for d in PRIVATE_DIRS), root, *hidden]
+    if any(path.is_relative_to(directory) for directory in covered):
+        return False
+    return not traversal_masks([path])
 
 
 def _find_tools() -> dict[str, str]:

@@ -36,7 +36,15 @@ from orchard.bus import Producer
 from orchard.clock import now_ms
 from orchard.env.events import Operation, OperationRecord, SandboxEventPublisher
 from orchard.env.exceptions import InvalidSandboxRequestError, SandboxExistsError, SandboxNotFoundError
-from orchard.env.isolation import SYSTEM_PATH, Isolation, IsolationMode, detect_isolation
+from orchard.env.interpreter import interpreter_paths
+from orchard.env.isolation import (
+    SYSTEM_PATH,
+    Isolation,
+    IsolationMode,
+    detect_isolation,
+    reachable_unchanged,
+    traversal_masks,
+)
 from orchard.env.process import RunningCommand
 from orchard.env.provisioning import Provisioner, SandboxResources
 from orchard.env.proxy_bridge import ProxyBridge
@@ -68,6 +76,7 @@ class LocalRuntime(Runtime):
         allowed_sources: Sequence[Path] | None = None,
         hidden_paths: Sequence[Path] = (),
         shared_paths: Sequence[Path] = (),
+        share_interpreter: bool = True,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         uid_allocator: UidAllocator | None = None,
     ) -> None:
@@ -79,8 +88,11 @@ class LocalRuntime(Runtime):
         see empty (with namespaces) — whatever world-readable data they must not read, such as the bus and store
         directories, task sources, hidden tests. ``shared_paths``: host directories sandboxes see read-only at
         their own paths even inside a private or hidden directory (harness installations).
-        ``max_output_bytes``: ``exec`` keeps at most this much of each of
-        stdout and stderr (``exec_stream`` passes everything on).
+        ``share_interpreter``: also share what this process's Python needs to run inside sandboxes (its
+        installation, virtualenv and the ``orchard`` package, ``orchard.env.interpreter``), so Python harnesses run
+        with ``sys.executable``; only the paths a sandbox could not otherwise reach are shared, and an untraversable
+        directory above them (``/root``) is masked so nothing else in it shows. ``max_output_bytes``: ``exec``
+        keeps at most this much of each of stdout and stderr (``exec_stream`` passes everything on).
         """
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -97,13 +109,36 @@ class LocalRuntime(Runtime):
         shared = tuple(Path(p).resolve() for p in shared_paths)
         if any(":" in str(p) for p in shared):
             raise ValueError(f"shared paths may not contain ':': {[str(p) for p in shared]}")
-        self.provisioner = Provisioner(self.root, self.isolation, uids, self.bridge, git_snapshot, hidden, shared)
+        if share_interpreter and self.isolation.namespaces:
+            shared += tuple(self._interpreter_shares(shared, hidden))
+        masks = tuple(traversal_masks(shared)) if self.isolation.mode == "root" else ()
+        self.provisioner = Provisioner(
+            self.root, self.isolation, uids, self.bridge, git_snapshot, hidden, shared, masks
+        )
         self._producer_lock = threading.Lock()
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._reserved: set[str] = set()
         self._lock = threading.Lock()
         _raise_open_files_limit()
-        log.info("local_runtime_started", root=str(self.root), isolation=self.isolation.describe())
+        log.info(
+            "local_runtime_started",
+            root=str(self.root),
+            isolation=self.isolation.describe(),
+            shared=[str(p) for p in shared],
+            masked=[str(p) for p in masks],
+        )
+
+    def _interpreter_shares(self, shared: tuple[Path, ...], hidden: tuple[Path, ...]) -> list[Path]:
+        """This interpreter's directories that sandboxes would not otherwise see (and no shared path covers)."""
+        wanted = []
+        for path in interpreter_paths():
+            if any(path.is_relative_to(p) for p in shared) or reachable_unchanged(path, root=self.root, hidden=hidden):
+                continue
+            if ":" in str(path):
+                log.warning("sandbox_interpreter_not_shared", path=str(path), reason="':' in the path")
+                continue
+            wanted.append(path)
+        return wanted
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         """Create and start a sandbox; it is ready for ``exec`` on return."""

@@ -58,6 +58,7 @@ class Provisioner:
     git_snapshot: bool = False
     hidden_paths: tuple[Path, ...] = ()
     shared_paths: tuple[Path, ...] = ()
+    masks: tuple[Path, ...] = ()
 
     def provision(self, spec: SandboxSpec) -> SandboxResources:
         """Lease a uid, copy the working copy, create namespaces, open the door to the proxy."""
@@ -110,7 +111,9 @@ class Provisioner:
     def _start_namespaces(self, spec: SandboxSpec, directory: Path) -> dict[str, int]:
         """Run the holder; keep its namespaces open by descriptor; let it exit."""
         tmp_mb = min(spec.limits.disk_mb, TMPFS_MAX_MB)
-        argv = self.isolation.holder_argv(directory, self.root, tmp_mb, self.hidden_paths, self.shared_paths)
+        argv = self.isolation.holder_argv(
+            directory, self.root, tmp_mb, self.hidden_paths, self.shared_paths, self.masks
+        )
         pipe = subprocess.PIPE
         holder = spawn(argv, env={"PATH": SYSTEM_PATH}, cwd="/", stdin=pipe, stdout=pipe, stderr=pipe)
         fds: dict[str, int] = {}

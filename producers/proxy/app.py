@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchard.bus import Bus
 from orchard.clock import now_ms
@@ -119,9 +120,35 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+MODEL_CALL_ROUTES: dict[str, ApiFlavour] = {"/v1/chat/completions": "CHAT", "/v1/responses": "RESPONSES"}
+
+
+class ModelCallShortcut:
+    """ASGI middleware serving ``POST`` of the model-call routes straight from the proxy, past FastAPI's routing,
+    exception and dependency layers (about 0.1 ms of every call); any other request goes on to the app. A
+    ``ProxyError`` becomes its OpenAI error object exactly as the app's handler makes it."""
+
+    def __init__(self, app: ASGIApp, proxy: RecordingProxy) -> None:
+        """Wrap ``app``; model calls go to ``proxy``."""
+        self.app, self.proxy = app, proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a model call, or pass the request on."""
+        flavour = MODEL_CALL_ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        if flavour is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self.proxy.model_call(Request(scope, receive), flavour)
+        except ProxyError as exc:
+            response = JSONResponse(exc.payload(), exc.status)
+        await response(scope, receive, send)
+
+
 def _model_routes(proxy: RecordingProxy) -> APIRouter:
     router = APIRouter()
 
+    # POSTs of these two are served by ModelCallShortcut before routing; the routes remain for other methods (405)
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await proxy.model_call(request, "CHAT")
@@ -193,4 +220,5 @@ def create_proxy_app(settings: ProxySettings, bus: Bus) -> FastAPI:
     _install_error_handlers(app)
     app.include_router(_model_routes(proxy))
     app.include_router(_admin_routes(proxy))
+    app.add_middleware(ModelCallShortcut, proxy=proxy)
     return app

@@ -1,5 +1,7 @@
 """The connection to the inference backend: forwarding requests and turning transport failures into proxy errors.
 
+Requests go through ``UpstreamPool`` (``upstream.py``), a keep-alive HTTP/1.1 pool made for this one job.
+
 A non-streamed call must be answered within ``request_timeout_s`` in total; a stream must start within it and never
 pause longer than it between chunks. Connection failures are ``BackendUnavailableError`` (502), timeouts
 ``BackendTimeoutError`` (504), a backend 5xx ``BackendError`` (502), a backend 4xx ``BackendRejectedError`` (its own
@@ -13,7 +15,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 from pydantic_core import from_json
 
 from producers.proxy.exceptions import (
@@ -23,6 +24,7 @@ from producers.proxy.exceptions import (
     BackendUnavailableError,
 )
 from producers.proxy.settings import ProxySettings
+from producers.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 EPISODE_HEADER = "X-Orchard-Episode-Id"
 """Sent to the backend with every forwarded request (the scripted backend keys its plan by it)."""
@@ -30,13 +32,13 @@ EPISODE_HEADER = "X-Orchard-Episode-Id"
 
 @contextlib.contextmanager
 def backend_errors(timeout_s: float) -> Iterator[None]:
-    """Translate httpx failures into proxy errors."""
+    """Translate transport failures and timeouts into proxy errors."""
     try:
         yield
-    except (httpx.TimeoutException, TimeoutError) as exc:
+    except TimeoutError as exc:
         raise BackendTimeoutError(f"the backend did not answer within {timeout_s:g}s") from exc
-    except httpx.TransportError as exc:
-        raise BackendUnavailableError(f"the backend is unreachable: {type(exc).__name__}: {exc}") from exc
+    except UpstreamError as exc:
+        raise BackendUnavailableError(f"the backend is unreachable: {exc.args[0] if exc.args else exc}") from exc
 
 
 def check_status(status: int, content: bytes) -> None:
@@ -57,7 +59,7 @@ def check_status(status: int, content: bytes) -> None:
 
 
 class BackendClient:
-    """An httpx client bound to the backend's base URL, with the backend's key and the proxy's limits."""
+    """A keep-alive connection pool to the backend's base URL, with the backend's key and the proxy's limits."""
 
     def __init__(self, settings: ProxySettings) -> None:
         """Connections are pooled up to ``max_backend_connections``."""
@@ -65,56 +67,57 @@ class BackendClient:
         headers = {"content-type": "application/json"}
         if settings.backend_api_key is not None:
             headers["authorization"] = f"Bearer {settings.backend_api_key.get_secret_value()}"
-        self.client = httpx.AsyncClient(
-            base_url=settings.backend_base_url.rstrip("/") + "/",
+        self.pool = UpstreamPool(
+            settings.backend_base_url,
             headers=headers,
-            timeout=httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=settings.max_backend_connections,
-                max_keepalive_connections=settings.max_backend_connections,
-            ),
+            max_connections=settings.max_backend_connections,
+            connect_timeout_s=settings.connect_timeout_s,
         )
 
     async def post(self, path: str, content: bytes, episode_id: str) -> dict[str, Any]:
         """Forward a non-streamed request; the backend's JSON object, or a proxy error."""
         with backend_errors(self.timeout_s):
             async with asyncio.timeout(self.timeout_s):
-                response = await self.client.post(
-                    path.lstrip("/"), content=content, headers={EPISODE_HEADER: episode_id}
-                )
-        check_status(response.status_code, response.content)
+                response = await self.pool.request("POST", path, content, {EPISODE_HEADER: episode_id})
+                try:
+                    answer = await response.read()
+                finally:
+                    await response.aclose()
+        check_status(response.status, answer)
         try:
-            body = from_json(response.content)
+            body = from_json(answer)
         except ValueError as exc:
-            raise BackendError(f"the backend answered {response.status_code} with a body that is not JSON") from exc
+            raise BackendError(f"the backend answered {response.status} with a body that is not JSON") from exc
         if not isinstance(body, dict):
             raise BackendError("the backend answered with JSON that is not an object")
         return body
 
-    async def open_stream(self, path: str, content: bytes, episode_id: str) -> httpx.Response:
-        """Forward a streamed request; the open response (the caller closes it), or a proxy error."""
-        request = self.client.build_request(
-            "POST", path.lstrip("/"), content=content, headers={EPISODE_HEADER: episode_id}
-        )
+    async def open_stream(self, path: str, content: bytes, episode_id: str) -> UpstreamResponse:
+        """Forward a streamed request; the open response (read it with ``stream(self.timeout_s)``, then
+        ``aclose`` it), or a proxy error."""
         with backend_errors(self.timeout_s):
             async with asyncio.timeout(self.timeout_s):
-                response = await self.client.send(request, stream=True)
-            if response.status_code >= 400:
-                try:
-                    body = await response.aread()
-                finally:
-                    await response.aclose()
-                check_status(response.status_code, body)
+                response = await self.pool.request("POST", path, content, {EPISODE_HEADER: episode_id})
+                if response.status >= 400:
+                    try:
+                        body = await response.read()
+                    finally:
+                        await response.aclose()
+                    check_status(response.status, body)
         return response
 
     async def get(self, path: str) -> tuple[int, bytes]:
         """Forward a GET (``/models``): status and body, or a proxy error for failures."""
         with backend_errors(self.timeout_s):
             async with asyncio.timeout(self.timeout_s):
-                response = await self.client.get(path.lstrip("/"))
-        check_status(response.status_code, response.content)
-        return response.status_code, response.content
+                response = await self.pool.request("GET", path)
+                try:
+                    body = await response.read()
+                finally:
+                    await response.aclose()
+        check_status(response.status, body)
+        return response.status, body
 
     async def aclose(self) -> None:
         """Close pooled connections."""
-        await self.client.aclose()
+        await self.pool.aclose()

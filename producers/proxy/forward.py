@@ -16,7 +16,6 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
 from pydantic_core import to_json
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -34,6 +33,7 @@ from producers.proxy.episodes import AnsweredCall, EpisodeSession
 from producers.proxy.exceptions import ProxyError
 from producers.proxy.request import ModelRequest
 from producers.proxy.sse import iter_event_batches
+from producers.proxy.upstream import UpstreamResponse
 
 log = get_logger("proxy.forward")
 
@@ -94,7 +94,7 @@ class _StreamRelay:
         session: EpisodeSession,
         request: ModelRequest,
         ticket: int,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         timing: tuple[float, int],
     ) -> None:
         self.forwarder, self.session, self.request, self.ticket = forwarder, session, request, ticket
@@ -111,8 +111,9 @@ class _StreamRelay:
         ``yield`` would lose such a call (the relay is cancelled at the ``yield``), so the last batch waits for it."""
         held: bytes | None = None
         try:
-            with backend_errors(self.forwarder.backend.timeout_s):
-                async for batch in iter_event_batches(self.upstream.aiter_bytes()):
+            timeout_s = self.forwarder.backend.timeout_s
+            with backend_errors(timeout_s):
+                async for batch in iter_event_batches(self.upstream.stream(timeout_s)):
                     if held is not None:
                         yield held
                     held = b"".join([self.assembler.feed(event) for event in batch])

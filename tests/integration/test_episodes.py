@@ -1,25 +1,33 @@
-"""Whole episodes through the Env: scheduler → local sandbox → real Codex CLI → recording proxy → scripted backend,
-then the grader and the outcome — every call recorded and acknowledged before the outcome is published."""
+"""Whole episodes through the Env: scheduler → local sandbox → a real harness (the built-in agent, mini-swe-agent,
+Codex CLI) → recording proxy → scripted backend, then the grader and the outcome — every call recorded token-exactly
+and acknowledged before the outcome is published. Harnesses that crash or cannot start end ``CRASHED``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
+from orchard.engines.token_trace import TokenTrace, trace_of
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
 from orchard.env.local_runtime import LocalRuntime
-from orchard.env.scheduler import EpisodeState, Scheduler
+from orchard.env.runtime import Sandbox
+from orchard.env.scheduler import Episode, EpisodeState, Scheduler
 from orchard.env.tasks import TaskCatalog
+from orchard.harnesses.base import HarnessAdapter, HarnessArtifacts, HarnessTask, ModelEndpoint, register_adapter
+from orchard.prefix_delta import PromptReconstructor
+from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 
@@ -34,6 +42,24 @@ grade_command: sh check.sh
 harness_timeout_s: 120
 """
 CHECK = 'test "$(cat answer.txt)" = fixed && echo \'{"answer_written": 1.0}\' > .orchard-signals.json\n'
+WRITE_ANSWER = "echo fixed > answer.txt"
+
+
+def tool_step(name: str, arguments: dict[str, Any], text: str = "") -> ScriptedStep:
+    """A step calling one tool."""
+    return ScriptedStep(text=text, tool_calls=[ScriptedToolCall(name=name, arguments=arguments)])
+
+
+PLANS: dict[str, list[ScriptedStep]] = {
+    "builtin": [tool_step("shell", {"command": WRITE_ANSWER}), tool_step("submit", {"summary": "wrote answer.txt"})],
+    "mini-swe-agent": [
+        tool_step("bash", {"command": WRITE_ANSWER}, text="Writing the file."),
+        tool_step("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
+    ],
+    "codex": [tool_step("exec_command", {"cmd": WRITE_ANSWER}), ScriptedStep(text="Wrote answer.txt.")],
+}
+"""Each harness's own way to write the answer with its shell tool, then finish."""
+FLAVOURS = {"builtin": "CHAT", "mini-swe-agent": "CHAT", "codex": "RESPONSES"}
 
 
 def make_tasks(root: Path) -> Path:
@@ -47,32 +73,100 @@ def make_tasks(root: Path) -> Path:
     return root
 
 
+@dataclass
+class RequestLog:
+    """An ASGI wrapper that keeps the JSON body and episode header of every request the backend receives."""
+
+    app: Any
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        episode = dict(scope["headers"]).get(b"x-orchard-episode-id", b"").decode()
+        self.requests.append((episode, json.loads(body)))
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return dict(await receive())
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def backend_traces(plan: ScriptedPlan, requests: list[tuple[str, dict[str, Any]]]) -> list[TokenTrace]:
+    """What a fresh backend with the same plan answers to the same requests, in order, not streamed (a stream carries
+    the same trace): the token ids and logprobs the harness was served."""
+
+    async def replay() -> list[TokenTrace]:
+        transport = httpx.ASGITransport(app=create_scripted_app(plan, policy_version=5))
+        async with httpx.AsyncClient(transport=transport, base_url="http://backend") as client:
+            traces = []
+            for episode, body in requests:
+                path = "/v1/responses" if "input" in body else "/v1/chat/completions"
+                headers = {"X-Orchard-Episode-Id": episode}
+                reply = await client.post(path, json={**body, "stream": False}, headers=headers)
+                trace = trace_of(reply.json())
+                assert trace is not None
+                traces.append(trace)
+            return traces
+
+    return asyncio.run(replay())
+
+
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """Scripted backend, recording proxy on an embedded bus, local runtime, task catalog."""
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Scripted backend (the plan of the harness in ``request.param``, default Codex), recording proxy on an embedded
+    bus, local runtime, task catalog."""
+    harness = getattr(request, "param", "codex")
     bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
     for spec in STANDARD_TOPICS:
         bus.create_topic(spec.name, spec.partitions, exist_ok=True)
-    plan = ScriptedPlan(
-        steps=[
-            ScriptedStep(
-                tool_calls=[ScriptedToolCall(name="exec_command", arguments={"cmd": "echo fixed > answer.txt"})]
-            ),
-            ScriptedStep(text="Wrote answer.txt."),
-        ],
-        final_text="nothing left to do",
-        model=MODEL,
-    )
-    backend = BackgroundServer(create_scripted_app(plan, policy_version=5), lifespan="off").start()
+    plan = ScriptedPlan(steps=PLANS[harness], final_text="nothing left to do", model=MODEL)
+    backend_log = RequestLog(create_scripted_app(plan, policy_version=5))
+    backend = BackgroundServer(backend_log, lifespan="off").start()
     settings = ProxySettings(backend_base_url=f"{backend.url}/v1", admin_token=ADMIN, run_id="run-e2e")
     proxy = BackgroundServer(create_proxy_app(settings, bus)).start()
-    # The Codex installation may sit under /tmp (a checkout there), which sandboxes see as their own empty tmpfs.
-    runtime = LocalRuntime(tmp_path / "sandboxes", shared_paths=[HARNESSES])
-    yield {"bus": bus, "proxy": proxy, "runtime": runtime, "tasks": TaskCatalog(make_tasks(tmp_path / "tasks"))}
+    # The Codex installation may sit under /tmp (a checkout there), which sandboxes see as their own empty tmpfs;
+    # the runtime shares this interpreter (the built-in agent, mini-swe-agent) by itself.
+    runtime = LocalRuntime(tmp_path / "sandboxes", shared_paths=[HARNESSES] if HARNESSES.is_dir() else [])
+    yield {
+        "harness": harness, "plan": plan, "backend_log": backend_log, "bus": bus, "proxy": proxy, "runtime": runtime,
+        "tasks": TaskCatalog(make_tasks(tmp_path / "tasks")),
+    }  # fmt: skip
     runtime.close()
     proxy.stop()
     backend.stop()
     bus.close()
+
+
+def run_episodes(
+    stack: dict[str, Any], requests: dict[str, dict[str, Any]], *, concurrency: int = 1, timeout_s: float = 240
+) -> list[Episode]:
+    """Submit each request (by episode id) to a scheduler on the stack and wait for all of them."""
+
+    async def scenario() -> list[Episode]:
+        admin = ProxyAdmin(stack["proxy"].url, ADMIN)
+        runner = LocalEpisodeRunner(
+            runtime=stack["runtime"], tasks=stack["tasks"], proxy=admin, proxy_url=stack["proxy"].url,
+            producer=stack["bus"].producer(), run_id="run-e2e",
+        )  # fmt: skip
+        scheduler = Scheduler(runner, concurrency=concurrency, timeout_s=timeout_s)
+        for episode_id, request in requests.items():
+            scheduler.submit(request, episode_id)
+        episodes = [await scheduler.wait(episode_id) for episode_id in requests]
+        await admin.aclose()
+        return episodes
+
+    return asyncio.run(scenario())
 
 
 def read(bus: Any, topic: str) -> list[dict[str, Any]]:
@@ -84,50 +178,89 @@ def read(bus: Any, topic: str) -> list[dict[str, Any]]:
     return out
 
 
-def test_codex_episode_is_recorded_graded_and_reported_end_to_end(stack: dict[str, Any]) -> None:
-    async def scenario() -> Any:
-        admin = ProxyAdmin(stack["proxy"].url, ADMIN)
-        runner = LocalEpisodeRunner(
-            runtime=stack["runtime"], tasks=stack["tasks"], proxy=admin, proxy_url=stack["proxy"].url,
-            producer=stack["bus"].producer(), run_id="run-e2e",
-        )  # fmt: skip
-        scheduler = Scheduler(runner, concurrency=1, timeout_s=240)
-        scheduler.submit({"task_id": "write-answer", "harness": "codex", "model": MODEL}, "ep-codex-1")
-        episode = await scheduler.wait("ep-codex-1")
-        await admin.aclose()
-        return episode
-
-    episode = asyncio.run(scenario())
+@pytest.mark.parametrize("stack", list(PLANS), indirect=True)
+def test_a_real_harness_episode_in_a_local_sandbox_is_recorded_token_exactly_graded_and_reported(
+    stack: dict[str, Any],
+) -> None:
+    harness, episode_id = stack["harness"], f"ep-{stack['harness']}-1"
+    [episode] = run_episodes(stack, {episode_id: {"task_id": "write-answer", "harness": harness, "model": MODEL}})
     assert episode.state == EpisodeState.SUCCEEDED, (episode.error, episode.events[-3:])
     assert episode.result["signals"]["answer_written"] == 1.0
 
-    calls = [c for c in read(stack["bus"], MODEL_CALLS) if c["episode_id"] == "ep-codex-1"]
-    assert [c["call_index"] for c in calls] == [0, 1]
-    assert {(c["harness"], c["api_flavour"], c["policy_version"]) for c in calls} == {("codex", "RESPONSES", 5)}
+    calls = [c for c in read(stack["bus"], MODEL_CALLS) if c["episode_id"] == episode_id]
+    steps = len(PLANS[harness])
+    assert [c["call_index"] for c in calls] == list(range(steps))
+    assert {(c["harness"], c["api_flavour"], c["policy_version"]) for c in calls} == {(harness, FLAVOURS[harness], 5)}
+    # token-exact: the recorded prompt (rebuilt from its prefix delta), completion ids and logprobs are what the
+    # backend served for each request it received
+    served = backend_traces(stack["plan"], stack["backend_log"].requests)
+    rebuilt = PromptReconstructor()
+    assert len(served) == steps
+    for call, trace in zip(calls, served, strict=True):
+        assert np.array_equal(rebuilt.add_model_call(call), trace.prompt_token_ids)
+        assert unpack_token_ids(call["completion_token_ids"]).tolist() == trace.completion_token_ids
+        assert unpack_logprobs(call["completion_logprobs"]).tolist() == pytest.approx(trace.completion_logprobs)
     [outcome] = read(stack["bus"], OUTCOMES)
     assert (outcome["episode_id"], outcome["status"], outcome["reward"], outcome["success"]) == (
-        "ep-codex-1", "SUCCEEDED", 1.0, True,
+        episode_id, "SUCCEEDED", 1.0, True,
     )  # fmt: skip
-    assert (outcome["num_model_calls"], outcome["signals"]["answer_written"]) == (2, 1.0)
+    assert (outcome["num_model_calls"], outcome["signals"]["answer_written"]) == (steps, 1.0)
+    assert stack["runtime"].list() == []
+
+
+class CommandAdapter(HarnessAdapter):
+    """A harness that is only a shell command (to crash on purpose)."""
+
+    name = "test-command"
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+
+    def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
+        return None
+
+    def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
+        return ["/bin/sh", "-c", self.script]
+
+    def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
+        return HarnessArtifacts(harness=self.name)
+
+
+register_adapter("test-command", CommandAdapter)
+CRASHES = {
+    "killed-by-a-signal": ({"harness": "test-command", "options": {"harness": {"script": "kill -SEGV $$"}}},
+                           "killed by signal 11 (SIGSEGV), exit status 139"),
+    "not-found": ({"harness": "test-command", "options": {"harness": {"script": "exec /nonexistent/harness"}}},
+                  "could not start (not found), exit status 127"),
+    "builtin-without-its-interpreter": ({"harness": "builtin", "options": {"harness": {"python": "/no/python3"}}},
+                                        "could not start (not found), exit status 127"),
+}  # fmt: skip
+
+
+def test_a_crashing_harness_or_one_that_cannot_start_ends_crashed_and_is_never_graded(stack: dict[str, Any]) -> None:
+    requests = {
+        f"ep-crash-{name}": {"task_id": "write-answer", "model": MODEL, **request}
+        for name, (request, _) in CRASHES.items()
+    }
+    episodes = run_episodes(stack, requests, concurrency=len(requests))
+    assert [e.state for e in episodes] == [EpisodeState.CRASHED] * len(CRASHES)
+    assert all("reward" not in e.result for e in episodes)  # the grader never ran
+    outcomes = {o["episode_id"]: o for o in read(stack["bus"], OUTCOMES)}
+    assert sorted(outcomes) == sorted(requests)
+    for episode_id, (_, error) in zip(requests, CRASHES.values(), strict=True):
+        outcome = outcomes[episode_id]
+        assert (outcome["status"], outcome["success"], outcome["reward"], outcome["num_model_calls"]) == (
+            "CRASHED", False, 0.0, 0,
+        )  # fmt: skip
+        assert error in (outcome["error"] or ""), outcome["error"]
+    assert read(stack["bus"], MODEL_CALLS) == []
     assert stack["runtime"].list() == []
 
 
 def test_an_episode_past_its_timeout_gets_a_timed_out_outcome_and_its_sandbox_removed(stack: dict[str, Any]) -> None:
-    async def scenario() -> Any:
-        admin = ProxyAdmin(stack["proxy"].url, ADMIN)
-        runner = LocalEpisodeRunner(
-            runtime=stack["runtime"], tasks=stack["tasks"], proxy=admin, proxy_url=stack["proxy"].url,
-            producer=stack["bus"].producer(), run_id="run-e2e",
-        )  # fmt: skip
-        scheduler = Scheduler(
-            runner, concurrency=1, timeout_s=0.2
-        )  # far less than sandbox creation plus Codex start-up
-        scheduler.submit({"task_id": "write-answer", "harness": "codex", "model": MODEL}, "ep-slow")
-        episode = await scheduler.wait("ep-slow")
-        await admin.aclose()
-        return episode
-
-    episode = asyncio.run(scenario())
+    # far less than sandbox creation plus Codex start-up
+    request = {"task_id": "write-answer", "harness": "codex", "model": MODEL}
+    [episode] = run_episodes(stack, {"ep-slow": request}, timeout_s=0.2)
     assert episode.state == EpisodeState.TIMED_OUT
     [outcome] = read(stack["bus"], OUTCOMES)
     assert (outcome["episode_id"], outcome["status"], outcome["success"]) == ("ep-slow", "TIMED_OUT", False)
@@ -136,21 +269,8 @@ def test_an_episode_past_its_timeout_gets_a_timed_out_outcome_and_its_sandbox_re
 
 
 def test_a_hundred_concurrent_episodes_all_end_with_exactly_one_outcome(stack: dict[str, Any]) -> None:
-    async def scenario() -> list[Any]:
-        admin = ProxyAdmin(stack["proxy"].url, ADMIN)
-        runner = LocalEpisodeRunner(
-            runtime=stack["runtime"], tasks=stack["tasks"], proxy=admin, proxy_url=stack["proxy"].url,
-            producer=stack["bus"].producer(), run_id="run-e2e",
-        )  # fmt: skip
-        scheduler = Scheduler(runner, concurrency=16, timeout_s=600)
-        ids = [f"ep-many-{i:03d}" for i in range(100)]
-        for episode_id in ids:
-            scheduler.submit({"task_id": "write-answer", "harness": "codex", "model": MODEL}, episode_id)
-        episodes = [await scheduler.wait(episode_id) for episode_id in ids]
-        await admin.aclose()
-        return episodes
-
-    episodes = asyncio.run(scenario())
+    request = {"task_id": "write-answer", "harness": "codex", "model": MODEL}
+    episodes = run_episodes(stack, {f"ep-many-{i:03d}": request for i in range(100)}, concurrency=16, timeout_s=600)
     assert {e.state for e in episodes} == {EpisodeState.SUCCEEDED}, [(e.episode_id, e.error) for e in episodes][:5]
     outcomes = read(stack["bus"], OUTCOMES)
     assert sorted(o["episode_id"] for o in outcomes) == [f"ep-many-{i:03d}" for i in range(100)]

@@ -1,10 +1,11 @@
 """Real harnesses (the built-in agent, mini-swe-agent, Codex CLI) complete a small task against the scripted backend.
 
 Each harness runs through its adapter (``prepare``, ``command``, ``collect``) with ``run_harness``, in a ``Sandbox``.
-The sandbox is ``DirectorySandbox`` below: plain subprocesses in a temporary working copy with their own ``$HOME``
-and a minimal environment. To run the same tests on the local runtime instead, set ``ORCHARD_HARNESS_SANDBOX=local``
-(the ``sandbox`` fixture then creates a ``LocalRuntime`` sandbox whose proxy door leads to the scripted backend); that
-needs root, and an interpreter and a Codex install the sandbox's uid can read.
+Where the local runtime has its ``root`` isolation (the runtime as root: CI), that is a ``LocalRuntime`` sandbox: its
+own uid, namespaces and rlimits, this interpreter and the Codex install shared read-only, and a network that reaches
+only its proxy door (which leads to the scripted backend, or to the recording proxy). Elsewhere it is
+``DirectorySandbox`` below: plain subprocesses in a temporary working copy with their own ``$HOME`` and a minimal
+environment. ``ORCHARD_HARNESS_SANDBOX=local`` or ``=directory`` forces one.
 
 The plan of every test: one shell tool call ``echo fixed > answer.txt``, then the harness's own way to finish. The
 assertions: the harness exited 0, the file exists, the patch adds exactly it, the backend received exactly the
@@ -207,12 +208,24 @@ def make_task_repo(path: Path) -> Path:
 
 
 SandboxFactory = Callable[[str, str], tuple[Sandbox, ModelEndpoint]]
+HARNESSES = Path(__file__).resolve().parents[2] / ".orchard" / "harnesses"
+"""Where ``infra/local/install_harnesses.sh`` installs Codex CLI (shared read-only with local sandboxes)."""
+
+
+def sandbox_kind() -> str:
+    """``local`` where the local runtime isolates as root, else ``directory`` (``ORCHARD_HARNESS_SANDBOX`` forces)."""
+    forced = os.environ.get("ORCHARD_HARNESS_SANDBOX")
+    if forced:
+        return forced
+    from orchard.env.isolation import detect_isolation
+
+    return "local" if detect_isolation("auto").mode == "root" else "directory"
 
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator[SandboxFactory]:
     """``make(harness, backend_url) -> (sandbox, endpoint)``: a sandbox over a fresh task repository, and the
-    backend as the sandbox reaches it. ``ORCHARD_HARNESS_SANDBOX=local`` uses the local runtime instead."""
+    backend as the sandbox reaches it (``sandbox_kind`` says which sandbox)."""
     created: list[Sandbox] = []
     runtimes: list[Any] = []
 
@@ -226,10 +239,11 @@ def sandbox(tmp_path: Path) -> Iterator[SandboxFactory]:
             source_dir=source,
             proxy_url=backend_url,
         )
-        if os.environ.get("ORCHARD_HARNESS_SANDBOX") == "local":
+        if sandbox_kind() == "local":
             from orchard.env.local_runtime import LocalRuntime
 
-            runtime = LocalRuntime(tmp_path / "runtime", git_snapshot=True)
+            shared = [HARNESSES] if HARNESSES.is_dir() else []
+            runtime = LocalRuntime(tmp_path / "runtime", git_snapshot=True, shared_paths=shared)
             runtimes.append(runtime)
             box: Sandbox = runtime.create(spec)
             endpoint = ModelEndpoint.inside(box, api_key=TOKEN, model=MODEL)

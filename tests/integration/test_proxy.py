@@ -639,3 +639,121 @@ def test_an_expired_episode_the_env_never_closed_is_closed_after_its_grace(
         time.sleep(0.05)
     assert summary["calls_recorded"] == 1
     assert len(proxy.records("forgotten")) == 1
+
+
+# ------------------------------------------------------------------------------------------------ the backend pool
+RAW_ANSWERS = {
+    "/length": [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"],
+    "/chunked": [  # split mid-header, mid-chunk and mid-terminator; a chunk extension and a trailer
+        b"HTTP/1.1 200 OK\r\nTransfer-Enc", b"oding: chunked\r\n\r\n5;ext=1\r\nhel", b"lo\r", b"\n6\r\n wo",
+        b"rld\r\n0\r\nX-Trailer: 1\r\n\r\n",
+    ],
+    "/continue": [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"],
+    "/empty": [b"HTTP/1.1 204 No Content\r\n\r\n"],
+    "/close": [b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end"],
+    "/slow": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n", b"PAUSE"],
+}  # fmt: skip
+
+
+class RawBackend:
+    """An HTTP/1.1 server answering each path with fixed bytes (``RAW_ANSWERS``), written piece by piece; it counts
+    connections, and ``/drop-next`` makes it close the connection on the next request without answering."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.drop_next = False
+        self.port = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                length = next((int(v) for k, _, v in (x.partition(": ") for x in lines) if k == "content-length"), 0)
+                body = await reader.readexactly(length)
+                path = lines[0].split(" ")[1]
+                if self.drop_next:
+                    self.drop_next = False
+                    break
+                if path == "/echo":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                for piece in RAW_ANSWERS.get(path, []):
+                    if piece == b"PAUSE":
+                        await asyncio.sleep(5)
+                        break
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                if path == "/close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def with_raw_backend(scenario: Callable[[RawBackend, Any], Any]) -> Any:
+    """Run ``scenario(server, pool)`` against a ``RawBackend`` on loopback."""
+    from producers.proxy.upstream import UpstreamPool
+
+    server = RawBackend()
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    pool = UpstreamPool(f"http://127.0.0.1:{server.port}", headers={"content-type": "application/json"})
+    try:
+        return await scenario(server, pool)
+    finally:
+        await pool.aclose()
+        listener.close()
+        await listener.wait_closed()
+
+
+def test_the_backend_pool_reads_every_body_framing_and_keeps_connections_alive() -> None:
+    async def scenario(server: RawBackend, pool: Any) -> None:
+        async def fetch(path: str, body: bytes = b"") -> tuple[int, bytes]:
+            response = await pool.request("POST" if body else "GET", path, body)
+            return response.status, await response.read()
+
+        assert await fetch("/length") == (200, b"hello")
+        assert await fetch("/chunked") == (200, b"hello world")
+        assert await fetch("/continue") == (200, b"ok")
+        assert await fetch("/empty") == (204, b"")
+        big = json.dumps({"x": "y" * 200_000}).encode()
+        assert await fetch("/echo", big) == (200, big)
+        assert server.connections == 1  # one keep-alive connection so far
+        assert await fetch("/close") == (200, b"until the end")
+        assert await fetch("/length") == (200, b"hello")
+        assert server.connections == 2  # the closed one was not reused
+
+    asyncio.run(with_raw_backend(scenario))
+
+
+def test_a_pooled_connection_the_backend_dropped_is_replaced_and_a_stalled_stream_times_out() -> None:
+    from producers.proxy.upstream import UpstreamError, UpstreamPool
+
+    async def scenario(server: RawBackend, pool: Any) -> None:
+        assert await (await pool.request("GET", "/length")).read() == b"hello"
+        server.drop_next = True  # the pooled connection dies as the request is sent: it goes again, on a new one
+        assert await (await pool.request("GET", "/length")).read() == b"hello"
+        assert server.connections == 2
+        response = await pool.request("GET", "/slow")
+        pieces = []
+        with pytest.raises(TimeoutError):
+            async for piece in response.stream(0.3):
+                pieces.append(piece)
+        await response.aclose()
+        assert pieces == [b"one"]
+        assert await (await pool.request("GET", "/length")).read() == b"hello"  # the stalled one was not reused
+        assert server.connections == 3
+
+    asyncio.run(with_raw_backend(scenario))
+
+    async def refused() -> None:
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with pytest.raises(UpstreamError, match="cannot connect"):
+            await UpstreamPool(f"http://127.0.0.1:{port}").request("GET", "/models")
+
+    asyncio.run(refused())
