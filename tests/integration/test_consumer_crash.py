@@ -1,8 +1,10 @@
-"""Crash safety: the assembler run by the real CLI is killed with SIGKILL mid-stream, twice, then restarted.
+"""Crash safety: each consumer run by the real CLI is killed with SIGKILL mid-stream, twice, then restarted.
 
-Every episode's trajectory must appear exactly once (nothing lost, nothing doubled), and the restarted process must
-have restored the state of the episodes that were open when its predecessor died (their earlier calls are behind
-the committed offsets, so only the restored state can complete them). Both backends; Kafka on the real broker.
+The assembler: every episode's trajectory must appear exactly once (nothing lost, nothing doubled), and the
+restarted process must have restored the state of the episodes that were open when its predecessor died (their
+earlier calls are behind the committed offsets, so only the restored state can complete them). The sample builder
+and a reward plug-in: what the killed-and-restarted consumer emitted equals, record for record, what an
+uninterrupted run emits from the same input. Both backends; Kafka on the real broker.
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from consumers.runtime import read_topic
+from consumers.assembler import TrajectoryAssembler
+from consumers.builtin import build_processor
+from consumers.config import ConsumersConfig, RuntimeConfig
+from consumers.runtime import ConsumerRuntime, read_topic
+from consumers.samples import SampleBuilderConfig
 from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
 from orchard.bus import Bus
 from orchard.codec import Codec
@@ -53,11 +61,20 @@ def emitted(bus: Bus, topic: str) -> int:
     return bus.describe_topic(topic).record_count if topic in bus.list_topics() else 0
 
 
-def start(bus_config: BusConfig, namespace: str, log: Path, idle_exit: float | None = None) -> subprocess.Popen:
-    command = [str(ORCHARD), "consumer", "run", "assembler", "--namespace", namespace, "--instance", "crash-test"]
+def start(
+    bus_config: BusConfig,
+    namespace: str,
+    log: Path,
+    idle_exit: float | None = None,
+    consumer: str = "assembler",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen:
+    command = [str(ORCHARD), "consumer", "run", consumer, "--namespace", namespace, "--instance", "crash-test"]
     if idle_exit is not None:
         command += ["--idle-exit", str(idle_exit)]
-    return subprocess.Popen(command, env=cli_env(bus_config), stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    return subprocess.Popen(command, env=cli_env(bus_config) | (env or {}), cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=log.open("w"))  # fmt: skip
 
 
 def events(log: Path, name: str) -> list[dict]:
@@ -105,3 +122,89 @@ def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
     assert max(e["keys"] for e in events(final, "state restored")) > 0, "the restarted assembler restored no state"
     assert events(final, "consumer stopped")[0]["records_in"] > 0, "the kills came after all input was processed"
     assert emitted(bus, f"{namespace}.dead-letters") == 0
+
+
+PLUGIN_MODULE = """
+from consumers.rewards import RewardPlugin
+
+
+class Reward(RewardPlugin):
+    name = "crash_test_tokens"
+
+    def score_step(self, step, trajectory):
+        return float(len(step.completion_token_ids) + step.call_index)
+"""
+SAMPLE_BUILDER_ENV = {"ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_SIZE": "4"}
+
+
+def _episodes() -> list[SyntheticEpisode]:
+    """48 short episodes in groups of 4 with mixed rewards (recorded once: their timestamps are part of the data)."""
+    return [
+        synthetic_episode(f"d-{i}", calls=6, seed=i, first_prompt_tokens=200, completion_tokens=40,
+                          group_id=f"g-{i // 4}", task_id=f"t-{i // 4}", reward=float(i % 2))
+        for i in range(48)
+    ]  # fmt: skip
+
+
+def _assembled(bus: Bus, kafka: bool, namespace: str, episodes: list[SyntheticEpisode]) -> None:
+    """Publish ``episodes`` and assemble them into ``<namespace>.trajectories``."""
+    for topic in ("model-calls", "outcomes"):
+        bus.create_topic(f"{namespace}.{topic}", 4)
+    producer = bus.producer()
+    for record in interleaved(episodes):
+        producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
+    producer.flush()
+    producer.close()
+    runtime = ConsumerRuntime(bus, TrajectoryAssembler(), namespace=namespace, instance_id="setup",
+                              config=RuntimeConfig(poll_timeout_s=0.2))  # fmt: skip
+    runtime.run(idle_exit_s=8.0 if kafka else 2.0)
+
+
+def _outputs(bus: Bus, topic: str) -> list[tuple[bytes | None, str]]:
+    """Key and decoded record of each output, less its time field: that is the event time of the input records,
+    which were published separately to the two namespaces."""
+    records = []
+    for record in read_topic(bus, topic, poll_timeout_s=0.3, idle_polls=4):
+        fields = {k: v for k, v in CODEC.decode(record.value).record.items() if k not in ("created_at", "timestamp")}
+        records.append((record.key, repr(sorted(fields.items()))))
+    return sorted(records)
+
+
+@pytest.mark.parametrize("consumer", ["sample-builder", "plugin:Reward"])
+def test_killed_mid_stream_a_downstream_consumer_emits_exactly_what_an_uninterrupted_run_does(
+    bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str], tmp_path: Path, consumer: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    kafka = isinstance(bus_config, KafkaBusConfig)
+    (tmp_path / "plugin.py").write_text(textwrap.dedent(PLUGIN_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    output = "samples" if consumer == "sample-builder" else "scores"
+    config = ConsumersConfig(sample_builder=SampleBuilderConfig(group_size=4))
+
+    reference, crashed = unique_name("ref"), unique_name("crash")
+    episodes = _episodes()
+    for namespace in (reference, crashed):
+        _assembled(bus, kafka, namespace, episodes)
+    runtime = ConsumerRuntime(bus, build_processor(consumer, config), namespace=reference, instance_id="reference",
+                              config=RuntimeConfig(poll_timeout_s=0.2))  # fmt: skip
+    runtime.run(idle_exit_s=8.0 if kafka else 2.0)
+    expected = _outputs(bus, f"{reference}.{output}")
+    assert len(expected) >= 20, f"the reference run emitted only {len(expected)} {output}"
+
+    for attempt, fraction in enumerate((0.2, 0.5)):
+        process = start(bus_config, crashed, tmp_path / f"run-{attempt}.log", consumer=consumer,
+                        env=SAMPLE_BUILDER_ENV, cwd=tmp_path)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while emitted(bus, f"{crashed}.{output}") < fraction * len(expected) and process.poll() is None:
+            assert time.monotonic() < deadline, (tmp_path / f"run-{attempt}.log").read_text()[-3000:]
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        assert process.returncode == -signal.SIGKILL, "the consumer finished before it could be killed"
+
+    final = tmp_path / "final.log"
+    process = start(bus_config, crashed, final, idle_exit=8.0 if kafka else 3.0, consumer=consumer,
+                    env=SAMPLE_BUILDER_ENV, cwd=tmp_path)  # fmt: skip
+    assert process.wait(timeout=240) == 0, final.read_text()[-3000:]
+    assert _outputs(bus, f"{crashed}.{output}") == expected
+    assert events(final, "consumer stopped")[0]["records_in"] > 0, "the kills came after all input was processed"
