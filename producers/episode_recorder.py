@@ -71,11 +71,13 @@ class EpisodeRecorder:
         conversation_id: int = 0,
         timestamp_ms: int | None = None,
         model: str | None = None,
+        retokenized: bool = False,
     ) -> int:
         """Publish one model call; return its call index.
 
         ``timestamp_ms``: when the request was received (default: now); ``model``: the model the request named
-        (default: the episode's).
+        (default: the episode's); ``retokenized``: the token ids come from tokenizing text afterwards (imported
+        data), not from the engine's sampling, so ``logprobs`` is empty.
         """
         index = self.calls
         delta = self._encoder.encode(
@@ -101,6 +103,7 @@ class EpisodeRecorder:
             "prompt_token_ids": delta.new_token_ids,
             "completion_token_ids": np.asarray(completion_ids, dtype=np.int32),
             "completion_logprobs": np.asarray(logprobs, dtype=np.float32),
+            "retokenized": retokenized,
             "latency_ms": latency_ms,
             "timestamp": now_ms() if timestamp_ms is None else timestamp_ms,
         }

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from orchard import __version__
-from orchard.cli import consumer, demo, replay, schemas, serve, tail, topics, train, train_value
+from orchard.cli import consumer, datasets, demo, replay, schemas, serve, tail, topics, train, train_value
 from orchard.cli.common import CliState, err_console
 from orchard.exceptions import OrchardError
 
@@ -28,6 +28,8 @@ app.add_typer(consumer.app, name="consumer")
 app.command("replay")(replay.replay)
 app.add_typer(train.app, name="train")
 app.command("eval")(train_value.eval_rerank)
+app.command("import")(datasets.import_)
+app.command("export")(datasets.export)
 
 
 @app.callback()
