@@ -42,6 +42,7 @@ def test_every_manifest_declares_the_expected_resources() -> None:
                 "policy-versions",
                 "sandbox-events",
                 "dead-letters",
+                "trajectories",
             )
         ],
         "minio.yaml": [
@@ -49,6 +50,15 @@ def test_every_manifest_declares_the_expected_resources() -> None:
             ("v1", "Service", "minio"),
             ("v1", "Service", "minio-headless"),
             ("apps/v1", "StatefulSet", "minio"),
+        ],
+        "pipeline.yaml": [
+            ("v1", "ConfigMap", "orchard-pipeline"),
+            ("apps/v1", "Deployment", "assembler"),
+            ("apps/v1", "Deployment", "sample-builder"),
+            ("apps/v1", "Deployment", "reward-rule-process"),
+            ("apps/v1", "Deployment", "policy-trainer"),
+            ("v1", "ConfigMap", "orchard-policy-trainer"),
+            ("apps/v1", "Deployment", "value-trainer"),
         ],
         "episode-runtime-rbac.yaml": [
             ("v1", "ServiceAccount", "orchard-env"),
@@ -58,7 +68,7 @@ def test_every_manifest_declares_the_expected_resources() -> None:
     }
 
 
-@pytest.mark.parametrize("name", ["kafka.yaml", "topics.yaml", "minio.yaml"])
+@pytest.mark.parametrize("name", ["kafka.yaml", "topics.yaml", "minio.yaml", "pipeline.yaml"])
 def test_namespaced_resources_live_in_orchard(name: str) -> None:
     assert {doc["metadata"]["namespace"] for doc in _docs(name)} == {"orchard"}
 
@@ -77,6 +87,7 @@ def test_topics_match_orchards_standard_topics() -> None:
         "policy-versions": (cluster, 1, 3),
         "sandbox-events": (cluster, 12, 3),
         "dead-letters": (cluster, 3, 3),
+        "trajectories": (cluster, 12, 3),
     }
     assert sorted(topics) == sorted(spec.name for spec in STANDARD_TOPICS)
 
@@ -93,6 +104,7 @@ def test_topic_configs_keep_replayable_topics_forever() -> None:
         "policy-versions": forever,
         "sandbox-events": month,
         "dead-letters": month,
+        "trajectories": {**month, "max.message.bytes": 8 * 1024 * 1024},
     }
 
 
@@ -132,3 +144,21 @@ def test_minio_reads_its_credentials_from_the_secret() -> None:
     }
     assert [(port["name"], port["port"]) for port in service["spec"]["ports"]] == [("s3", 9000), ("console", 9001)]
     assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["resources"] == {"requests": {"storage": "1Ti"}}
+
+
+def test_pipeline_pods_run_registered_consumers_and_valid_trainer_configs() -> None:
+    from consumers.builtin import build_processor
+    from trainers.config import PolicyTrainerConfig
+
+    docs = {doc["metadata"]["name"]: doc for doc in _docs("pipeline.yaml")}
+    for name in ("assembler", "sample-builder", "reward-rule-process"):
+        [container] = docs[name]["spec"]["template"]["spec"]["containers"]
+        consumer = container["command"][-1].split("consumer run ")[1].split()[0]
+        assert build_processor(consumer).name  # a name `orchard consumer run` knows
+        assert '--instance "$POD_NAME"' in container["command"][-1]  # static membership: a restart keeps partitions
+    trainer_yaml = yaml.safe_load(docs["orchard-policy-trainer"]["data"]["trainer.yaml"])
+    assert PolicyTrainerConfig.model_validate(trainer_yaml).loss.kind == "rl"
+    for name in ("policy-trainer", "value-trainer"):
+        [container] = docs[name]["spec"]["template"]["spec"]["containers"]
+        secrets = {item["name"]: item["valueFrom"]["secretKeyRef"]["name"] for item in container["env"]}
+        assert secrets == {"ORCHARD_STORE__ACCESS_KEY": "orchard-minio", "ORCHARD_STORE__SECRET_KEY": "orchard-minio"}
