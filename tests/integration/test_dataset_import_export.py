@@ -521,3 +521,32 @@ def test_memory_stays_bounded_while_importing_a_large_file(tmp_path: Path) -> No
     assert figures["file"] > 45 * 2**20  # the file is far larger than the growth allowed below
     growth = figures["peak"] - figures["warm"]
     assert growth < 16 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB after warm-up over {rows} rows"
+
+
+def test_an_imported_orchard_swe_dataset_becomes_sft_samples_through_the_consumers(
+    tmp_path: Path, embedded: Bus, chat: ChatTokenizer
+) -> None:
+    from consumers.assembler import TrajectoryAssembler
+    from consumers.config import RuntimeConfig
+    from consumers.runtime import ConsumerRuntime
+    from consumers.samples import SampleBuilder, SampleBuilderConfig
+    from orchard.tokens import unpack_array
+
+    import_file(embedded, orchard_swe_file(tmp_path), "orchard-swe", chat, run_id="sft", policy_version=0)
+    imported = trajectories(embedded)
+    builder = SampleBuilder(SampleBuilderConfig(kinds=["SFT"], group_size=1, sft_successful_only=True))
+    for processor in (TrajectoryAssembler(), builder):
+        ConsumerRuntime(embedded, processor, instance_id="import-test",
+                        config=RuntimeConfig(poll_timeout_s=0.1)).run(idle_exit_s=1.5)  # fmt: skip
+
+    [sample] = read_all(embedded, "samples")  # the successful demonstration only
+    [source] = [t for t in imported.values() if t.success]
+    assert (sample["kind"], sample["episode_id"], sample["task_id"]) == ("SFT", source.episode_id, "repo__1")
+    last = source.steps[-1]
+    assert unpack_array(sample["token_ids"], "int32").tolist() == last.sequence.tolist()
+    mask = unpack_array(sample["loss_mask"], "uint8")
+    assert int(mask.sum()) == sum(len(step.completion_token_ids) for step in source.steps)  # the assistant's tokens
+    weights = unpack_array(sample["advantages"], "float32")
+    assert set(weights[mask == 1].tolist()) == {1.0} and not weights[mask == 0].any()
+    # re-tokenized text has no sampling logprobs: nothing downstream may take it for on-policy data
+    assert sample["behaviour_logprobs"] == b""
