@@ -1,0 +1,294 @@
+"""The scripted expert of the file-lookup recipe: demonstrations that run through the real harness and proxy.
+
+The expert is a plan per episode for the scripted backend (``orchard.engines.scripted``): the built-in harness runs
+the plan's tool calls in the sandbox, the recording proxy records every call, and the grader scores the end state —
+so SFT data is recorded exactly like RL data. The expert knows the answer (it reads the task's hidden reference);
+a configurable fraction of its demonstrations are imperfect on purpose, each kind with a known grade:
+
+====================  ====================================================  ========  ========  =====
+kind                  tool calls                                            success   progress  calls
+====================  ====================================================  ========  ========  =====
+``perfect``           cat FILE; echo VALUE > answer.txt; submit             yes       1.0       3
+``wrong_file_first``  cat OTHER; cat FILE; echo VALUE > answer.txt; submit  yes       1.0       4
+``wrong_key``         cat FILE; echo (other key's value) > answer.txt; sub  no        0.5       3
+``wrong_file``        cat OTHER; echo (OTHER's value) > answer.txt; submit  no        0.2       3
+``no_read``           echo (a guess) > answer.txt; submit                   no        0.2       2
+``no_answer``         cat FILE; submit                                      no        0.0       2
+====================  ====================================================  ========  ========  =====
+
+(``wrong_key`` needs two keys per file, the ``OTHER`` kinds two files; where a task lacks them the expert falls back
+to ``wrong_file`` or ``no_read``.) Which kind an episode gets is a pure function of the seed and the episode id.
+
+``ExpertBackend`` is one OpenAI-compatible ASGI app for many episodes: it answers each request with the plan
+registered for the episode the recording proxy names in ``X-Orchard-Episode-Id``.
+
+Run: ``python -m recipes.file_lookup.expert plan TASKS_DIR OUT_DIR [--episodes-per-task 1] [--imperfect-fraction
+0.3] [--seed 0]`` writes ``OUT_DIR/plans/<episode_id>.yaml`` (one ``ScriptedPlan`` each; episode ids from
+``demo_episode_id``) and ``OUT_DIR/demonstrations.jsonl`` (episode id, task id, kind, answer);
+``python -m recipes.file_lookup.expert serve OUT_DIR --port 8000`` serves them (``ExpertBackend.from_directory``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
+from orchard.logging import get_logger
+from recipes.file_lookup.generate import ANSWER_FILE, VALUE_RANGE, LookupTask
+
+log = get_logger("recipes.file_lookup.expert")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+EPISODE_HEADER = b"x-orchard-episode-id"
+FINAL_TEXT = "done"
+
+
+class DemoKind(StrEnum):
+    """How a demonstration goes (the module docstring has each kind's tool calls and grade)."""
+
+    PERFECT = "perfect"
+    WRONG_FILE_FIRST = "wrong_file_first"
+    WRONG_KEY = "wrong_key"
+    WRONG_FILE = "wrong_file"
+    NO_READ = "no_read"
+    NO_ANSWER = "no_answer"
+
+
+IMPERFECT_KINDS = tuple(kind for kind in DemoKind if kind is not DemoKind.PERFECT)
+
+
+class ExpertConfig(BaseModel):
+    """How the expert mixes perfect and imperfect demonstrations."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, description="Seed of the per-episode choice of kind.")
+    imperfect_fraction: float = Field(0.3, ge=0, le=1, description="Share of episodes given an imperfect kind.")
+    imperfect_kinds: tuple[DemoKind, ...] = Field(
+        IMPERFECT_KINDS, min_length=1, description="Imperfect kinds to draw from, uniformly."
+    )
+    model: str = Field("file-lookup-expert", min_length=1, description="Model id the backend lists.")
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One episode's plan, and what the expert wrote as the answer (``None``: nothing)."""
+
+    episode_id: str
+    task_id: str
+    kind: DemoKind
+    plan: ScriptedPlan
+    answer: str | None
+
+
+def shell(command: str) -> ScriptedStep:
+    """A step running one shell command."""
+    return ScriptedStep(tool_calls=[ScriptedToolCall(name="shell", arguments={"command": command})])
+
+
+def submit() -> ScriptedStep:
+    """The step ending the episode."""
+    return ScriptedStep(tool_calls=[ScriptedToolCall(name="submit", arguments={"summary": FINAL_TEXT})])
+
+
+def write(value: str) -> ScriptedStep:
+    """A step writing ``value`` to the answer file."""
+    return shell(f"echo {value} > {ANSWER_FILE}")
+
+
+def demo_episode_id(task_id: str, index: int) -> str:
+    """The id of demonstration ``index`` of a task (what ``main`` and ``orchard run`` use)."""
+    return f"demo-{task_id}-{index}"
+
+
+class Expert:
+    """Builds demonstrations; the kind of each is a pure function of the seed and the episode id."""
+
+    def __init__(self, config: ExpertConfig | None = None) -> None:
+        self.config = config or ExpertConfig()
+
+    def kind_for(self, episode_id: str) -> DemoKind:
+        """The kind of demonstration episode ``episode_id`` gets."""
+        rng = random.Random(f"file-lookup-expert:{self.config.seed}:{episode_id}")  # noqa: S311 - data, not secrets
+        if rng.random() >= self.config.imperfect_fraction:
+            return DemoKind.PERFECT
+        return rng.choice(self.config.imperfect_kinds)
+
+    def demonstrate(self, task: LookupTask, episode_id: str, kind: DemoKind | None = None) -> Demonstration:
+        """The demonstration of ``task`` for ``episode_id`` (of ``kind`` when given, else ``kind_for``)."""
+        kind = _feasible(task, kind or self.kind_for(episode_id))
+        rng = random.Random(f"file-lookup-expert:{self.config.seed}:{episode_id}:detail")  # noqa: S311
+        steps, answer = _steps(task, kind, rng)
+        plan = ScriptedPlan(steps=steps, final_text=FINAL_TEXT, model=self.config.model)
+        return Demonstration(episode_id, task.task_id, kind, plan, answer)
+
+
+def _feasible(task: LookupTask, kind: DemoKind) -> DemoKind:
+    """``kind``, or the nearest kind the task allows (one file has no other file; one key has no other key)."""
+    if kind is DemoKind.WRONG_KEY and len(task.files[task.file]) < 2:
+        kind = DemoKind.WRONG_FILE
+    if kind in (DemoKind.WRONG_FILE, DemoKind.WRONG_FILE_FIRST) and len(task.files) < 2:
+        kind = DemoKind.NO_READ
+    return kind
+
+
+def _steps(task: LookupTask, kind: DemoKind, rng: random.Random) -> tuple[list[ScriptedStep], str | None]:
+    others = sorted(name for name in task.files if name != task.file)
+    read = shell(f"cat {task.file}")
+    if kind is DemoKind.PERFECT:
+        return [read, write(task.answer), submit()], task.answer
+    if kind is DemoKind.WRONG_FILE_FIRST:
+        return [shell(f"cat {rng.choice(others)}"), read, write(task.answer), submit()], task.answer
+    if kind is DemoKind.WRONG_KEY:
+        value = task.files[task.file][rng.choice(sorted(k for k in task.files[task.file] if k != task.key))]
+        return [read, write(value), submit()], value
+    if kind is DemoKind.WRONG_FILE:
+        other = rng.choice(others)
+        value = task.files[other].get(task.key) or rng.choice(sorted(task.files[other].values()))
+        return [shell(f"cat {other}"), write(value), submit()], value
+    if kind is DemoKind.NO_READ:
+        taken = {value for values in task.files.values() for value in values.values()}
+        guess = rng.choice([str(v) for v in range(VALUE_RANGE[0], VALUE_RANGE[1] + 1) if str(v) not in taken])
+        return [write(guess), submit()], guess
+    return [read, submit()], None
+
+
+class ExpertBackend:
+    """An OpenAI-compatible ASGI app answering each episode's requests with the plan registered for that episode.
+
+    Each registered episode gets its own scripted app (its own cursor); a request for an episode with no plan is
+    answered 404, naming the episode, so a mis-wired run fails loudly instead of recording a silent "done".
+    """
+
+    def __init__(self, model: str = "file-lookup-expert", policy_version: int = 0) -> None:
+        self.model, self.policy_version = model, policy_version
+        self._apps: dict[str, ASGIApp] = {}
+        self._models: ASGIApp = create_scripted_app(ScriptedPlan(model=model), policy_version)
+
+    def __len__(self) -> int:
+        """Episodes with a plan."""
+        return len(self._apps)
+
+    def register(self, episode_id: str, plan: ScriptedPlan) -> None:
+        """Answer ``episode_id``'s requests with ``plan`` (from its first step)."""
+        self._apps[episode_id] = create_scripted_app(plan, self.policy_version)
+
+    @classmethod
+    def from_directory(cls, directory: Path, policy_version: int = 0) -> ExpertBackend:
+        """A backend serving every plan ``main`` wrote under ``directory/plans``."""
+        backend = cls(policy_version=policy_version)
+        for path in sorted((directory / "plans").glob("*.yaml")):
+            backend.register(path.stem, ScriptedPlan.from_file(path))
+        return backend
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Dispatch by the episode header; lifespan events are acknowledged, ``/v1/models`` served to anyone."""
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        episode_id = headers.get(EPISODE_HEADER, b"").decode("latin-1")
+        app = self._apps.get(episode_id)
+        if app is None and scope.get("path") == "/v1/models":
+            app = self._models
+        if app is None:
+            await _not_found(send, episode_id)
+            return
+        await app(scope, receive, send)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _not_found(send: Send, episode_id: str) -> None:
+    message = f"no expert plan for episode {episode_id!r}" if episode_id else "no X-Orchard-Episode-Id header"
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": "unknown_episode"}})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 404, "headers": headers})
+    await send({"type": "http.response.body", "body": body.encode()})
+
+
+def write_demonstrations(tasks_dir: Path, out: Path, expert: Expert, episodes_per_task: int = 1) -> list[Demonstration]:
+    """Plan ``episodes_per_task`` demonstrations of every task under ``tasks_dir`` into ``out``."""
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    demos: list[Demonstration] = []
+    for directory in sorted(d for d in tasks_dir.iterdir() if d.is_dir()):
+        task = LookupTask.from_directory(directory)
+        for index in range(episodes_per_task):
+            demo = expert.demonstrate(task, demo_episode_id(task.task_id, index))
+            (out / "plans" / f"{demo.episode_id}.yaml").write_text(
+                yaml.safe_dump(demo.plan.model_dump(mode="json", exclude_defaults=True))
+            )
+            demos.append(demo)
+    lines = [_summary(demo) for demo in demos]
+    (out / "demonstrations.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    log.info("expert plans written", out=str(out), episodes=len(demos), kinds=_counts(demos))
+    return demos
+
+
+def _summary(demo: Demonstration) -> dict[str, Any]:
+    return {"episode_id": demo.episode_id, "task_id": demo.task_id, "kind": demo.kind.value, "answer": demo.answer}
+
+
+def _counts(demos: Sequence[Demonstration]) -> Mapping[str, int]:
+    counts: dict[str, int] = {}
+    for demo in demos:
+        counts[demo.kind.value] = counts.get(demo.kind.value, 0) + 1
+    return counts
+
+
+def serve(directory: Path, host: str = "127.0.0.1", port: int = 8000, policy_version: int = 0) -> None:
+    """Serve the plans under ``directory`` (written by ``write_demonstrations``) until interrupted."""
+    backend = ExpertBackend.from_directory(directory, policy_version)
+    log.info("serving expert plans", plans=len(backend), host=host, port=port)
+    uvicorn.run(backend, host=host, port=port, log_level="warning", lifespan="off", ws="none")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.file_lookup.expert plan TASKS_DIR OUT_DIR`` or ``... serve OUT_DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m recipes.file_lookup.expert", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="Write one scripted plan per demonstration episode.")
+    plan.add_argument("tasks", type=Path, help="A split directory written by the generator (e.g. OUT/train).")
+    plan.add_argument("out", type=Path, help="Where plans/ and demonstrations.jsonl go.")
+    plan.add_argument("--episodes-per-task", type=int, default=1)
+    plan.add_argument("--imperfect-fraction", type=float, default=ExpertConfig().imperfect_fraction)
+    plan.add_argument("--seed", type=int, default=0)
+    server = commands.add_parser("serve", help="Serve the plans of OUT_DIR as an OpenAI-compatible backend.")
+    server.add_argument("out", type=Path, help="A directory written by the plan command.")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--policy-version", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        serve(args.out, args.host, args.port, args.policy_version)
+        return 0
+    config = ExpertConfig(seed=args.seed, imperfect_fraction=args.imperfect_fraction)
+    write_demonstrations(args.tasks, args.out, Expert(config), args.episodes_per_task)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

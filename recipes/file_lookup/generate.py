@@ -1,0 +1,211 @@
+"""Generates the file-lookup task family: seeded, deterministic train and held-out eval splits of Orchard task dirs.
+
+A task's workspace holds a few small files (``owl.txt``, ``dog.txt``, ...), each a few ``key=value`` lines with
+three-digit values, unique within the task. The instruction names one file and one key::
+
+    Write the value of y in owl.txt to answer.txt.
+
+An agent solves it in three model calls with the built-in harness: ``shell`` ``cat owl.txt``, ``shell``
+``echo 417 > answer.txt``, ``submit``. It is small enough for a tiny model to learn on CPU (copy a file name from
+the instruction, copy a value from a tool result, stop), yet every call goes through the real sandbox, proxy and
+grader. ``grade.py`` (shipped into each task's ``hidden/.grader/``) documents the reward and signals.
+
+Layout written by ``generate``::
+
+    OUT/manifest.json                  the config, and each split's task ids
+    OUT/train/<task_id>/task.yaml      one task directory each (``orchard.env.tasks.load_task`` reads it)
+                       /workspace/*.txt
+                       /hidden/.grader/grade.py, reference.json
+    OUT/eval/<task_id>/...             the held-out split: no task shares its instruction and files with a train task
+
+The same config always writes byte-identical trees. The eval split is drawn from its own random stream, so it does
+not change when the number of train tasks does.
+
+Run: ``python -m recipes.file_lookup.generate OUT [--seed 0] [--train-tasks 1000] [--eval-tasks 256]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchard.logging import get_logger
+
+log = get_logger("recipes.file_lookup")
+
+FILE_NAMES = ("owl", "dog", "cat", "bee", "ant", "cow", "pig", "hen", "elk", "yak", "emu", "fox")
+"""Workspace file stems: short words the tiny tokenizer splits into few pieces."""
+KEYS = ("x", "y", "z", "w")
+VALUE_RANGE = (100, 999)
+"""Values are three-digit numbers: a guess almost never hits a workspace value, so a copied value is evidence."""
+ANSWER_FILE = "answer.txt"
+GRADER_DIR = ".grader"
+GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
+GRADE_COMMAND = f"python3 {GRADER_DIR}/grade.py"
+Split = Literal["train", "eval"]
+SPLITS: tuple[Split, ...] = ("train", "eval")
+
+
+class LookupConfig(BaseModel):
+    """What to generate; every field is also a command-line option."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, description="Seed of both splits' random streams.")
+    train_tasks: int = Field(1000, ge=0, description="Tasks in the train split.")
+    eval_tasks: int = Field(256, ge=1, description="Tasks in the held-out eval split.")
+    files_per_task: int = Field(3, ge=1, le=len(FILE_NAMES), description="Files in each workspace.")
+    keys_per_file: int = Field(2, ge=1, le=len(KEYS), description="key=value lines in each file.")
+    max_steps: int = Field(6, ge=2, description="Model calls the harness may make (the expert needs 2 to 4).")
+    harness_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of the harness.")
+    grade_timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of the grader.")
+
+    @model_validator(mode="after")
+    def _enough_values(self) -> LookupConfig:
+        lo, hi = VALUE_RANGE
+        if self.files_per_task * self.keys_per_file > (hi - lo + 1) // 2:
+            raise ValueError("files_per_task * keys_per_file is too large for unique three-digit values")
+        return self
+
+
+@dataclass(frozen=True)
+class LookupTask:
+    """One task: its workspace files (stem.txt -> key -> value) and which file and key the answer is."""
+
+    task_id: str
+    files: dict[str, dict[str, str]]
+    file: str
+    key: str
+
+    @property
+    def answer(self) -> str:
+        """The reference answer."""
+        return self.files[self.file][self.key]
+
+    @property
+    def instruction(self) -> str:
+        """The task text the harness is given."""
+        return f"Write the value of {self.key} in {self.file} to {ANSWER_FILE}."
+
+    def file_text(self, name: str) -> str:
+        """The content of workspace file ``name``."""
+        return "".join(f"{key}={value}\n" for key, value in self.files[name].items())
+
+    @property
+    def fingerprint(self) -> str:
+        """What makes two tasks the same task (id aside): instruction and workspace content."""
+        body = json.dumps([self.instruction, self.files], sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+    def reference(self) -> dict[str, Any]:
+        """The grader's ``reference.json``."""
+        return {"file": self.file, "key": self.key, "answer": self.answer, "files": self.files}
+
+    @classmethod
+    def from_directory(cls, directory: Path) -> LookupTask:
+        """Read a task back from its directory (its id from ``task.yaml``, the rest from the hidden reference)."""
+        spec = yaml.safe_load((directory / "task.yaml").read_text())
+        reference = json.loads((directory / "hidden" / GRADER_DIR / "reference.json").read_text())
+        return cls(spec["task_id"], reference["files"], reference["file"], reference["key"])
+
+
+def sample_task(rng: random.Random, config: LookupConfig, task_id: str) -> LookupTask:
+    """A random task: ``files_per_task`` files of ``keys_per_file`` lines, values unique within the task."""
+    stems = rng.sample(FILE_NAMES, config.files_per_task)
+    values = iter(rng.sample(range(VALUE_RANGE[0], VALUE_RANGE[1] + 1), config.files_per_task * config.keys_per_file))
+    files = {
+        f"{stem}.txt": {key: str(next(values)) for key in sorted(rng.sample(KEYS, config.keys_per_file))}
+        for stem in stems
+    }
+    file = rng.choice(sorted(files))
+    return LookupTask(task_id, files, file, rng.choice(sorted(files[file])))
+
+
+def generate_tasks(config: LookupConfig) -> dict[Split, list[LookupTask]]:
+    """Both splits, eval first: train tasks never repeat an eval task (or each other)."""
+    seen: set[str] = set()
+    out: dict[Split, list[LookupTask]] = {}
+    for split, count in (("eval", config.eval_tasks), ("train", config.train_tasks)):
+        # a str seed hashes the same in every process; this is task data, not a secret
+        rng = random.Random(f"file-lookup:{config.seed}:{split}")  # noqa: S311
+        tasks: list[LookupTask] = []
+        while len(tasks) < count:
+            task = sample_task(rng, config, f"file-lookup-{split}-{len(tasks):05d}")
+            if task.fingerprint not in seen:
+                seen.add(task.fingerprint)
+                tasks.append(task)
+        out[split] = tasks
+    return {split: out[split] for split in SPLITS}
+
+
+def task_yaml(task: LookupTask, config: LookupConfig) -> str:
+    """The task's ``task.yaml`` (fields of ``orchard.env.tasks.TaskSpec``)."""
+    spec = {
+        "task_id": task.task_id,
+        "instruction": task.instruction,
+        "grade_command": GRADE_COMMAND,
+        "grade_timeout_s": config.grade_timeout_s,
+        "harness_timeout_s": config.harness_timeout_s,
+        "max_steps": config.max_steps,
+    }
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def write_task(task: LookupTask, config: LookupConfig, directory: Path) -> Path:
+    """Write one task directory; returns it."""
+    (directory / "workspace").mkdir(parents=True)
+    for name in sorted(task.files):
+        (directory / "workspace" / name).write_text(task.file_text(name))
+    grader = directory / "hidden" / GRADER_DIR
+    grader.mkdir(parents=True)
+    shutil.copyfile(GRADE_SCRIPT, grader / "grade.py")
+    (grader / "reference.json").write_text(json.dumps(task.reference(), sort_keys=True, indent=1) + "\n")
+    (directory / "task.yaml").write_text(task_yaml(task, config))
+    return directory
+
+
+def generate(config: LookupConfig, out: Path, *, overwrite: bool = False) -> dict[Split, list[LookupTask]]:
+    """Write both splits and ``manifest.json`` under ``out``; refuses a non-empty ``out`` unless ``overwrite``."""
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"output directory {out} is not empty (pass overwrite=True / --overwrite)")
+        shutil.rmtree(out)
+    splits = generate_tasks(config)
+    for split, tasks in splits.items():
+        for task in tasks:
+            write_task(task, config, out / split / task.task_id)
+    manifest = {
+        "recipe": "file_lookup",
+        "config": config.model_dump(),
+        "splits": {split: [task.task_id for task in tasks] for split, tasks in splits.items()},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    log.info("file-lookup tasks written", out=str(out), **{split: len(tasks) for split, tasks in splits.items()})
+    return splits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.file_lookup.generate OUT [options]``."""
+    parser = argparse.ArgumentParser(prog="python -m recipes.file_lookup.generate", description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="Output directory (train/, eval/, manifest.json).")
+    for name, field in LookupConfig.model_fields.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output directory.")
+    args = parser.parse_args(argv)
+    fields = {name: getattr(args, name) for name in LookupConfig.model_fields if getattr(args, name) is not None}
+    generate(LookupConfig(**fields), args.out, overwrite=args.overwrite)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""The file-lookup recipe's data side: deterministic, disjoint splits of valid tasks; the grader's documented rewards
+and signals on hand-made working copies; the expert's plans for each kind of demonstration."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchard.engines.scripted import ScriptedPlan
+from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
+from recipes.file_lookup.expert import DemoKind, Expert, ExpertConfig, write_demonstrations
+from recipes.file_lookup.generate import (
+    GRADE_SCRIPT,
+    GRADER_DIR,
+    LookupConfig,
+    LookupTask,
+    generate,
+    generate_tasks,
+    write_task,
+)
+
+SMALL = LookupConfig(seed=3, train_tasks=40, eval_tasks=200)
+TASK = LookupTask(
+    "t-1", {"owl.txt": {"x": "233", "y": "417"}, "dog.txt": {"x": "150", "y": "902"}}, file="owl.txt", key="y"
+)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, with its bytes."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_same_config_writes_byte_identical_trees_and_another_seed_does_not(tmp_path: Path) -> None:
+    generate(SMALL, tmp_path / "a")
+    generate(SMALL, tmp_path / "b")
+    generate(SMALL.model_copy(update={"seed": 4}), tmp_path / "c")
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")
+    assert tree(tmp_path / "a") != tree(tmp_path / "c")
+
+
+def test_splits_are_disjoint_and_the_eval_split_does_not_depend_on_the_train_size() -> None:
+    splits = generate_tasks(SMALL)
+    assert (len(splits["train"]), len(splits["eval"])) == (40, 200)
+    train = {task.fingerprint for task in splits["train"]}
+    evaluation = {task.fingerprint for task in splits["eval"]}
+    assert (len(train), len(evaluation), train & evaluation) == (40, 200, set())
+    bigger = generate_tasks(SMALL.model_copy(update={"train_tasks": 80}))
+    assert bigger["eval"] == splits["eval"]
+
+
+def test_every_task_is_a_valid_orchard_task_with_its_answer_only_in_hidden(tmp_path: Path) -> None:
+    splits = generate(SMALL, tmp_path)
+    catalog = TaskCatalog(tmp_path / "eval")
+    assert sorted(catalog.tasks) == [task.task_id for task in splits["eval"]]
+    spec = catalog.get("file-lookup-eval-00000")
+    task = LookupTask.from_directory(spec.directory)
+    assert task == splits["eval"][0]
+    assert (spec.instruction, spec.grade_command, spec.max_steps) == (
+        task.instruction, "python3 .grader/grade.py", 6,
+    )  # fmt: skip
+    assert sorted(p.name for p in spec.workspace.iterdir()) == sorted(task.files)
+    assert (spec.workspace / task.file).read_text() == task.file_text(task.file)
+    assert sorted(tree(spec.hidden)) == [f"{GRADER_DIR}/grade.py", f"{GRADER_DIR}/reference.json"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["splits"]["train"] == [task.task_id for task in splits["train"]]
+
+
+def test_generation_refuses_a_non_empty_output_directory(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        generate(SMALL, tmp_path)
+
+
+def grade_copy(tmp_path: Path, answer: str | None) -> tuple[int, dict[str, float]]:
+    """Lay out a working copy of ``TASK`` as the Env does after the harness (workspace, answer, hidden files), run
+    the grade command there, and return its exit status and signals."""
+    task_dir = tmp_path / "task"
+    write_task(TASK, SMALL, task_dir)
+    work = tmp_path / "work"
+    shutil.copytree(task_dir / "workspace", work)
+    if answer is not None:
+        (work / "answer.txt").write_text(answer)
+    shutil.copytree(task_dir / "hidden", work, dirs_exist_ok=True)
+    result = subprocess.run([sys.executable, f"{GRADER_DIR}/grade.py"], cwd=work, capture_output=True, timeout=30)
+    return result.returncode, json.loads((work / SIGNALS_FILE).read_text())
+
+
+def signals(written: float, fmt: float, right_file: float, correct: float, progress: float) -> dict[str, float]:
+    """The grader's signals, in the order the docs list them."""
+    return {
+        "answer_written": written, "answer_format": fmt, "right_file": right_file, "answer_correct": correct,
+        "progress": progress,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "expected"),
+    [
+        ("417\n", 0, signals(1, 1, 1, 1, 1.0)),  # correct
+        ("233\n", 1, signals(1, 1, 1, 0, 0.5)),  # right file, wrong key
+        ("y=417\n", 1, signals(1, 0, 1, 0, 0.3)),  # right value, wrong format
+        ("902\n", 1, signals(1, 1, 0, 0, 0.2)),  # right key of the wrong file
+        ("555", 1, signals(1, 1, 0, 0, 0.2)),  # a well-formed guess
+        ("the answer", 1, signals(1, 0, 0, 0, 0.0)),
+        ("", 1, signals(0, 0, 0, 0, 0.0)),
+        (None, 1, signals(0, 0, 0, 0, 0.0)),  # no answer file
+    ],
+)
+def test_the_grader_exits_zero_only_for_the_right_answer_and_writes_the_documented_signals(
+    tmp_path: Path, answer: str | None, status: int, expected: dict[str, float]
+) -> None:
+    assert grade_copy(tmp_path, answer) == (status, expected)
+
+
+EXPECTED_PLANS = {
+    DemoKind.PERFECT: [("shell", "cat owl.txt"), ("shell", "echo 417 > answer.txt"), ("submit", None)],
+    DemoKind.WRONG_FILE_FIRST: [
+        ("shell", "cat dog.txt"),
+        ("shell", "cat owl.txt"),
+        ("shell", "echo 417 > answer.txt"),
+        ("submit", None),
+    ],
+    DemoKind.WRONG_KEY: [("shell", "cat owl.txt"), ("shell", "echo 233 > answer.txt"), ("submit", None)],
+    DemoKind.WRONG_FILE: [("shell", "cat dog.txt"), ("shell", "echo 902 > answer.txt"), ("submit", None)],
+    DemoKind.NO_ANSWER: [("shell", "cat owl.txt"), ("submit", None)],
+}
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED_PLANS))
+def test_each_kind_of_demonstration_is_the_documented_plan_of_tool_calls(kind: DemoKind) -> None:
+    demo = Expert().demonstrate(TASK, "ep-1", kind)
+    calls = [(s.tool_calls[0].name, s.tool_calls[0].arguments.get("command")) for s in demo.plan.steps]  # type: ignore[union-attr]
+    assert (demo.kind, calls) == (kind, EXPECTED_PLANS[kind])
+
+
+def test_a_no_read_demonstration_writes_a_guess_that_is_no_workspace_value() -> None:
+    demo = Expert().demonstrate(TASK, "ep-1", DemoKind.NO_READ)
+    assert demo.answer is not None and len(demo.answer) == 3
+    assert demo.answer not in {"233", "417", "150", "902"}
+    assert [s.tool_calls[0].name for s in demo.plan.steps] == ["shell", "submit"]
+
+
+def test_kinds_follow_the_imperfect_fraction_deterministically_and_fall_back_when_infeasible() -> None:
+    episodes = [f"ep-{i}" for i in range(2000)]
+    expert = Expert(ExpertConfig(imperfect_fraction=0.3, seed=1))
+    kinds = [expert.kind_for(e) for e in episodes]
+    assert kinds == [Expert(ExpertConfig(imperfect_fraction=0.3, seed=1)).kind_for(e) for e in episodes]
+    assert 0.25 < sum(k is not DemoKind.PERFECT for k in kinds) / len(kinds) < 0.35
+    assert {expert.kind_for(e) for e in episodes[:50]} != {DemoKind.PERFECT}
+    assert {Expert(ExpertConfig(imperfect_fraction=0.0)).kind_for(e) for e in episodes} == {DemoKind.PERFECT}
+    lonely = LookupTask("t-2", {"owl.txt": {"y": "417"}}, file="owl.txt", key="y")
+    assert Expert().demonstrate(lonely, "ep-1", DemoKind.WRONG_KEY).kind is DemoKind.NO_READ
+
+
+def test_written_demonstrations_are_loadable_plans_with_a_summary_line_each(tmp_path: Path) -> None:
+    generate(LookupConfig(train_tasks=5, eval_tasks=1), tmp_path / "tasks")
+    demos = write_demonstrations(tmp_path / "tasks" / "train", tmp_path / "demos", Expert(), episodes_per_task=2)
+    lines = [json.loads(line) for line in (tmp_path / "demos" / "demonstrations.jsonl").read_text().splitlines()]
+    assert [line["episode_id"] for line in lines] == [d.episode_id for d in demos]
+    assert len(demos) == 10
+    for demo in demos:
+        assert ScriptedPlan.from_file(tmp_path / "demos" / "plans" / f"{demo.episode_id}.yaml") == demo.plan
+
+
+def test_the_recipe_lists_the_five_stages_and_valid_task_options_with_at_least_200_held_out_tasks() -> None:
+    recipe = yaml.safe_load((Path(GRADE_SCRIPT).parent / "recipe.yaml").read_text())
+    assert [stage["name"] for stage in recipe["stages"]] == [
+        "sft-successful",
+        "credit-sft",
+        "rl-bar",
+        "dense",
+        "rerank",
+    ]
+    options = {k: v for k, v in recipe["tasks"].items() if k not in ("generator", "dir")}
+    assert LookupConfig(**options).eval_tasks >= 200
+    assert ExpertConfig(**{k: v for k, v in recipe["expert"].items() if k not in ("module", "episodes_per_task")})
