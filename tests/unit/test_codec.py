@@ -353,6 +353,7 @@ def test_shipped_catalog_has_every_record() -> None:
         "SandboxEvent",
         "StepScore",
         "TrainingSample",
+        "Trajectory",
     ]
     assert [(sv.name, sv.version) for sv in catalog] == [(name, 1) for name in catalog.names()]
     assert catalog.by_fingerprint(catalog.current("ModelCall").fingerprint) is catalog.current("ModelCall")
