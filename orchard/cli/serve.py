@@ -33,6 +33,9 @@ def engine_serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     max_batch_size: int = typer.Option(32, "--max-batch-size", min=1),
+    device: str = typer.Option("cpu", "--device", help="Local engine: cpu, cuda, cuda:N, mps, or auto (a GPU if any)."),
+    dtype: str = typer.Option("auto", "--dtype", help="Local engine: auto, float32, bfloat16 or float16."),
+    max_context: int | None = typer.Option(None, "--max-context", help="Prompt + completion limit (default: model's)."),
     reload: bool = typer.Option(False, "--reload/--no-reload", help="Follow policy-versions and hot-reload weights."),
     backend: str = typer.Option(
         "local",
@@ -52,8 +55,10 @@ def engine_serve(
     config = state(ctx).config()
     settings: dict[str, object] = {
         "type": backend, "model": model, "host": host, "port": port, "max_batch_size": max_batch_size,
-        "policy_updates": {"enabled": reload},
+        "device": device, "dtype": dtype, "policy_updates": {"enabled": reload},
     }  # fmt: skip
+    if max_context is not None:
+        settings["max_context"] = max_context
     vllm = {"url": vllm_url, "gpu_memory_utilization": gpu_memory_utilization}
     if any(value is not None for value in vllm.values()):
         settings["vllm"] = {key: value for key, value in vllm.items() if value is not None}

@@ -149,3 +149,9 @@ def test_engine_scripted_serves_a_plan_over_the_openai_api(tmp_path: Path) -> No
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_engine_serve_refuses_a_bad_device_naming_the_field(tmp_path: Path) -> None:
+    done = orchard("engine", "serve", "--device", "gpu0", "--port", "1", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "device: String should match pattern" in done.stderr
