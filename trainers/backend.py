@@ -8,6 +8,7 @@ gradients into an optimizer step. ``TorchBackend`` is the default (CPU or one GP
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,9 +26,12 @@ _DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") e
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto``: the first CUDA device if there is one, else the CPU."""
+    """``auto``: this process's CUDA device if there is one (``LOCAL_RANK`` under a multi-GPU launcher such as
+    ``deepspeed`` or ``torchrun``, else the first), otherwise the CPU."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(device)
 
 

@@ -1,7 +1,8 @@
 """DeepSpeed (ZeRO) behind the policy trainer, for models that do not fit one GPU: ``backend: deepspeed``.
 
 Install with ``pip install 'orchard-rl[deepspeed]'`` and launch one trainer process per GPU with DeepSpeed's launcher
-(``deepspeed --num_gpus 8 -m orchard.cli.main train policy --config trainer.yaml``); every rank consumes the samples
+(``deepspeed --num_gpus 8 --no_local_rank "$(command -v orchard)" train policy --config trainer.yaml``; each rank
+finds its GPU from ``LOCAL_RANK`` with ``device: auto``); every rank consumes the samples
 topic in the same consumer group, so the partitions (and the samples) are shared among the ranks. The adapter keeps
 the trainer's contract (``trainers.backend.TrainingBackend``): the trainer still forms steps, computes the loss and
 normalises it by the step's loss tokens, and this backend turns it into ``engine.backward`` / ``engine.step``.
