@@ -9,6 +9,7 @@ import typer
 
 from orchard import __version__
 from orchard.cli import consumer, datasets, demo, replay, schemas, serve, tail, topics, train, train_value
+from orchard.cli import run as run_command  # `run` is also this module's entry-point function
 from orchard.cli.common import CliState, err_console
 from orchard.exceptions import OrchardError
 
@@ -30,6 +31,7 @@ app.add_typer(train.app, name="train")
 app.command("eval")(train_value.eval_rerank)
 app.command("import")(datasets.import_)
 app.command("export")(datasets.export)
+app.command("run")(run_command.run)
 
 
 @app.callback()

@@ -1,0 +1,69 @@
+"""The command line of each component: exactly the ``orchard ...`` command a user runs to start it alone."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from orchard.run.config import (
+    ComponentSpec,
+    ConsumerComponent,
+    EngineComponent,
+    EnvComponent,
+    PolicyTrainerComponent,
+    ProxyComponent,
+    RunConfig,
+    ScriptedEngineComponent,
+    ValueTrainerComponent,
+)
+
+
+def orchard_executable() -> list[str]:
+    """The ``orchard`` console script of this interpreter's environment (else the one on PATH)."""
+    beside = Path(sys.executable).with_name("orchard")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("orchard")
+    return [found] if found else [sys.executable, "-c", "from orchard.cli.main import run; run()"]
+
+
+def base_url(config: RunConfig, value: str, suffix: str = "") -> str:
+    """``value`` as is when it is a URL, else the address of the server component it names (plus ``suffix``)."""
+    if "://" in value:
+        return value
+    spec = config.components[value]
+    host = getattr(spec, "host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - a wildcard bind is reached on loopback
+    return f"http://{host}:{spec.listen_port()}{suffix}"
+
+
+def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: Path) -> list[str]:
+    """The arguments after ``orchard`` that start component ``name``."""
+    match spec:
+        case EngineComponent():
+            args = ["engine", "serve", "--model", spec.model, "--backend", spec.backend, "--host", spec.host,
+                    "--port", str(spec.port), "--max-batch-size", str(spec.max_batch_size),
+                    "--reload" if spec.reload else "--no-reload"]  # fmt: skip
+        case ScriptedEngineComponent():
+            args = ["engine", "scripted", str(spec.plan), "--host", spec.host, "--port", str(spec.port),
+                    "--policy-version", str(spec.policy_version)]  # fmt: skip
+        case ProxyComponent():
+            args = ["proxy", "serve", "--backend", base_url(config, spec.backend, "/v1"), "--host", spec.host,
+                    "--port", str(spec.port)]  # fmt: skip
+        case EnvComponent():
+            args = ["env", "serve", "--tasks", str(spec.tasks), "--proxy", base_url(config, spec.proxy),
+                    "--host", spec.host, "--port", str(spec.port), "--concurrency", str(spec.concurrency),
+                    "--timeout", str(spec.timeout_s), "--sandboxes", str(run_dir / "sandboxes" / name)]  # fmt: skip
+        case ConsumerComponent():
+            args = ["consumer", "run", spec.name, "--instance", spec.instance or name]
+            args += ["--group", spec.group] if spec.group else []
+            args += ["--namespace", spec.namespace] if spec.namespace else []
+        case PolicyTrainerComponent():
+            args = ["train", "policy"]
+            args += ["--config", str(spec.config)] if spec.config else []
+            args += [part for override in spec.set for part in ("--set", override)]
+        case ValueTrainerComponent():
+            args = ["train", "value", "--model", spec.model]
+            args += ["--max-steps", str(spec.max_steps)] if spec.max_steps else []
+    return [*args, *spec.args]

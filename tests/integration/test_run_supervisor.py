@@ -1,0 +1,129 @@
+"""``orchard run`` with real components (scripted engine, recording proxy, assembler) on the run's embedded bus:
+it starts them in order, restarts one killed with SIGKILL, stops everything on SIGINT and resumes in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from orchard.bus import open_bus
+from orchard.config import EmbeddedBusConfig
+from orchard.topics import STANDARD_TOPICS
+
+ORCHARD = Path(sys.executable).with_name("orchard")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_recipe(tmp_path: Path) -> tuple[Path, int]:
+    (tmp_path / "plan.yaml").write_text("steps:\n  - text: hello\n")
+    engine_port, proxy_port = free_port(), free_port()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "components:\n"
+        f"  engine: {{kind: scripted-engine, plan: plan.yaml, port: {engine_port}}}\n"
+        f"  proxy: {{kind: proxy, backend: engine, port: {proxy_port}, stop_grace_s: 5}}\n"
+        "  assembler: {kind: consumer, name: assembler, after: [proxy]}\n"
+        "restart: {max_restarts: 3, backoff_s: 0.2}\n"
+        "stages: [{name: sft, components: [assembler]}]\n"
+    )
+    return recipe, proxy_port
+
+
+def start_run(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "ORCHARD_LOG_FORMAT": "json", "PYTHONPATH": str(REPO)}
+    for name in [k for k in env if k.startswith(("ORCHARD_BUS__", "ORCHARD_STORE__"))] + ["ORCHARD_CONFIG"]:
+        env.pop(name, None)  # the run's own bus and store, whatever the calling shell says
+    return subprocess.Popen([str(ORCHARD), "run", *args, "--no-live"], env=env, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def wait_for(predicate: Callable[[dict[str, Any]], bool], run_dir: Path, process: subprocess.Popen[bytes]) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"orchard run exited early with {process.returncode}"
+        try:
+            state = json.loads((run_dir / "state.json").read_text())
+        except (FileNotFoundError, ValueError):
+            state = {}
+        if state and predicate(state):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last state {state}")
+
+
+def all_healthy(state: dict[str, Any]) -> bool:
+    return all(c["status"] == "healthy" for c in state["components"].values())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_with_sigint(process: subprocess.Popen[bytes], run_dir: Path, pids: set[int]) -> dict[str, Any]:
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=40) == 0
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["status"] == "stopped"
+    assert {name: c["status"] for name, c in state["components"].items()} == dict.fromkeys(
+        ("engine", "proxy", "assembler"), "stopped"
+    )
+    assert sorted(pid for pid in pids if alive(pid)) == []
+    return state
+
+
+def test_run_supervises_restarts_stops_and_resumes(tmp_path: Path) -> None:
+    recipe, proxy_port = write_recipe(tmp_path)
+    run_dir, log = tmp_path / "run", tmp_path / "orchard-run.log"
+    process = start_run([str(recipe), "--run-dir", str(run_dir)], log)
+    try:
+        state = wait_for(all_healthy, run_dir, process)
+        assert httpx.get(f"http://127.0.0.1:{proxy_port}/healthz").status_code == 200
+        pids = {c["pid"] for c in state["components"].values()}
+        killed = state["components"]["assembler"]["pid"]
+        os.kill(killed, signal.SIGKILL)
+        state = wait_for(lambda s: s["components"]["assembler"]["restarts"] == 1 and all_healthy(s), run_dir, process)
+        assert state["components"]["assembler"]["pid"] != killed
+        pids |= {c["pid"] for c in state["components"].values()}
+        state = stop_with_sigint(process, run_dir, pids)
+        assert state["starts"] == 1
+        assert state["stages"] == [
+            {"name": "sft", "description": "", "components": ["assembler"], "options": {}, "status": "recorded"}
+        ]
+
+        process = start_run(["--resume", str(run_dir)], log)
+        state = wait_for(lambda s: s["starts"] == 2 and all_healthy(s), run_dir, process)
+        assert {c["restarts"] for c in state["components"].values()} == {0}
+        stop_with_sigint(process, run_dir, {c["pid"] for c in state["components"].values()})
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = (run_dir / "logs" / "assembler.log").read_text().splitlines()
+    starts = [json.loads(line)["run_start"] for line in lines if "orchard run: starting component" in line]
+    assert starts == [1, 1, 2]  # first start, its restart after SIGKILL, the resumed start: one log, appended
+    bus = open_bus(EmbeddedBusConfig(path=run_dir / "bus"))  # the run's own bus, holding the standard topics
+    try:
+        assert bus.list_topics() == sorted([*(spec.name for spec in STANDARD_TOPICS), "assembler.changelog"])
+    finally:
+        bus.close()
