@@ -60,6 +60,7 @@ from consumers.sample_state import PreparedTrajectory, ScoreBook
 from consumers.sequences import TokenSequence
 from consumers.trajectory import Trajectory
 from consumers.trajectory_records import trajectory_from_record
+from orchard.episode_groups import is_eval_group
 from orchard.exceptions import OrchardError
 from orchard.logging import get_logger
 from orchard.tokens import pack_array
@@ -206,6 +207,8 @@ class SampleBuilder(Processor):
             return "duplicate"  # already emitted, or waiting for scores or for its group
         if not trajectory.complete:
             return "incomplete"
+        if is_eval_group(trajectory.group_id):
+            return "evaluation"  # held-out episodes measure the policy; training on them would leak the eval split
         if trajectory.status not in self.config.train_statuses:
             return f"status_{trajectory.status}"
         return None if trajectory.steps else "no_calls"

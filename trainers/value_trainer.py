@@ -32,6 +32,7 @@ from consumers.trajectory_records import trajectory_from_record
 from orchard.bus import Bus, Producer, Record
 from orchard.bus.base import TopicPartition
 from orchard.bus.dead_letter import DeadLetterRouter
+from orchard.episode_groups import is_eval_group
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.store import ArtifactStore
@@ -99,7 +100,7 @@ class ValueTrainer:
     def add(self, trajectory: Trajectory | None, *, topic: str = "", partition: int = 0, offset: int = -1) -> bool:
         """Buffer one trajectory (read at ``topic``/``partition``/``offset``); False if it is skipped.
 
-        Skipped: None (undecodable), incomplete, another run's, or without model calls.
+        Skipped: None (undecodable), incomplete, another run's, a held-out evaluation episode, or without model calls.
         """
         example = self._example(trajectory)
         self._pending.append(_Pending(topic, partition, offset, example))
@@ -112,7 +113,7 @@ class ValueTrainer:
     def _example(self, trajectory: Trajectory | None) -> ValueExample | None:
         if trajectory is None or not trajectory.complete or not trajectory.steps:
             return None
-        if trajectory.run_id != self.config.run_id:
+        if trajectory.run_id != self.config.run_id or is_eval_group(trajectory.group_id):
             return None
         tokens = trajectory_tokens(trajectory, self.model.max_length)
         return ValueExample(tokens, trajectory_label(trajectory, self.config.label))

@@ -1,4 +1,5 @@
-"""``orchard train value`` (the value trainer) and ``orchard eval --rerank K`` (value-model reranking).
+"""``orchard train value`` (the value trainer) and ``orchard eval``: held-out evaluation (``--tasks``), the reward
+curve (``--plot``) and value-model reranking of K candidates per task (``--rerank K`` with ``--source``/``--topic``).
 
 Both are plain typer command functions; ``orchard.cli.main`` / ``orchard.cli.train`` register them. Torch is
 imported only inside the commands, so ``orchard --help`` stays fast.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,7 @@ from orchard.topics import TRAJECTORIES
 if TYPE_CHECKING:
     from consumers.trajectory import Trajectory
     from orchard.bus import Bus
+    from orchard.evaluation.heldout import HeldoutResult, Picker
     from orchard.store import ArtifactStore
     from trainers.rerank import LabelledCandidate, RerankReport
     from trainers.value import ValueModel
@@ -75,9 +78,41 @@ def value(
     console.print(f"value trainer: step {trainer.step}, version {trainer.version}, skipped {trainer.skipped}")
 
 
+DEFAULT_RERANK_K = 4
+
+
+@dataclass(frozen=True)
+class HeldoutOptions:
+    """The options of a held-out evaluation, as given."""
+
+    tasks: Path
+    env: str | None
+    env_token: str | None
+    harness: str
+    model: str | None
+    stage: str | None
+    run_dir: Path | None
+    temperature: float | None
+    timeout_s: float
+    ci: str
+
+    def missing(self) -> list[str]:
+        """The required options not given."""
+        required = {"--env": self.env, "--env-token (or ORCHARD_ENV_TOKEN)": self.env_token, "--model": self.model,
+                    "--stage": self.stage, "--run-dir": self.run_dir}  # fmt: skip
+        return [flag for flag, value in required.items() if not value]
+
+
 def eval_rerank(
     ctx: typer.Context,
-    rerank: int = typer.Option(4, "--rerank", "-k", min=1, help="Candidates per task to choose from (K)."),
+    rerank: int | None = typer.Option(
+        None,
+        "--rerank",
+        "-k",
+        min=1,
+        help="Candidates per task to choose from (K; default 4 with --source/--topic). With --tasks: K episodes per "
+        "held-out task, the value model picks one.",
+    ),
     source: Path | None = typer.Option(
         None, "--source", help="JSONL of candidates {task_id, candidate_id, text|token_ids, success?}."
     ),
@@ -87,12 +122,137 @@ def eval_rerank(
     ),
     name: str = typer.Option("value", help="Model name of the published value model."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write one JSON line per task's pick here."),
+    tasks: Path | None = typer.Option(
+        None, "--tasks", file_okay=False, help="Held-out evaluation: a directory of task directories (an eval split)."
+    ),
+    env: str | None = typer.Option(None, "--env", help="Base URL of Orchard Env, e.g. http://127.0.0.1:8200."),
+    env_token: str | None = typer.Option(
+        None, "--env-token", envvar="ORCHARD_ENV_TOKEN", help="Env bearer token (default: $ORCHARD_ENV_TOKEN)."
+    ),
+    harness: str = typer.Option("builtin", "--harness", help="Harness of the evaluation episodes."),
+    model: str | None = typer.Option(None, "--model", help="Model name the harness asks the proxy for."),
+    stage: str | None = typer.Option(None, "--stage", help="Name of the evaluated stage (its row in the table)."),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        file_okay=False,
+        help="Where results.md/json or reward_curve.png go (its orchard.yaml is the config unless --config is given).",
+    ),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (harness)."),
+    timeout_s: float = typer.Option(1800.0, "--timeout", min=1.0, help="Longest wait for the outcomes, seconds."),
+    ci: str = typer.Option("normal", "--reward-ci", help="Interval of the mean reward: normal or bootstrap."),
+    plot: bool = typer.Option(False, "--plot", help="Write RUN_DIR/reward_curve.png from the run's outcomes."),
+    window: int = typer.Option(50, "--window", min=1, help="Episodes in the rolling means of --plot."),
+) -> None:
+    """Evaluate: held-out success with 95% intervals (--tasks), the reward curve (--plot), or value-model reranking
+    of K candidates per task (--source/--topic)."""
+    if plot:
+        _plot(ctx, run_dir, window)
+    elif tasks is not None:
+        options = HeldoutOptions(tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci)
+        _heldout(ctx, options, rerank, value_model, name)
+    else:
+        _rerank_candidates(ctx, rerank or DEFAULT_RERANK_K, source, topic, value_model, name, output)
+
+
+def _use_run_config(ctx: typer.Context, run_dir: Path) -> None:
+    """Read the run directory's ``orchard.yaml`` when no config was given (what ``orchard run`` components read)."""
+    cli = state(ctx)
+    if cli.config_path is None and (run_dir / "orchard.yaml").is_file():
+        cli.config_path = run_dir / "orchard.yaml"
+
+
+def _plot(ctx: typer.Context, run_dir: Path | None, window: int) -> None:
+    from orchard.evaluation.plot import write_reward_curve
+
+    if run_dir is None:
+        raise OrchardError("--plot needs --run-dir (where reward_curve.png is written)")
+    _use_run_config(ctx, run_dir)
+    cli = state(ctx)
+    config = cli.config()
+    with cli.bus() as bus:
+        path = write_reward_curve(bus, run_dir, config.run_id, window=window)
+    console.print(f"reward curve written to {path}")
+
+
+def _heldout(
+    ctx: typer.Context, options: HeldoutOptions, rerank: int | None, value_model: Path | None, name: str
+) -> None:
+    from orchard.evaluation.heldout import HeldoutConfig, evaluate_heldout
+    from orchard.evaluation.results import record_stage
+    from orchard.evaluation.tasks import task_ids_in
+    from producers.rollout.scheduler import EnvSubmitter
+
+    missing = options.missing()
+    if missing:
+        raise OrchardError(f"a held-out evaluation (--tasks) also needs {', '.join(missing)}")
+    if options.run_dir is None or options.env is None or options.env_token is None:  # narrowed by missing()
+        raise OrchardError("a held-out evaluation needs --run-dir, --env and --env-token")
+    _use_run_config(ctx, options.run_dir)
+    cli = state(ctx)
+    config = cli.config()
+    try:
+        heldout = HeldoutConfig(
+            run_id=config.run_id, stage=options.stage, harness=options.harness, model=options.model,
+            samples_per_task=rerank or 1, timeout_s=options.timeout_s, ci_method=options.ci,
+            options={"harness": {"temperature": options.temperature}} if options.temperature is not None else {},
+        )  # type: ignore[arg-type]  # fmt: skip
+    except ValueError as exc:
+        raise OrchardError(f"invalid evaluation option: {exc}") from exc
+    task_ids = task_ids_in(options.tasks)
+    submitter = EnvSubmitter(options.env, options.env_token)
+    with cli.bus() as bus, tempfile.TemporaryDirectory() as tmp:
+        picker: Picker | None = None
+        if rerank is not None and rerank > 1:
+            picker = _value_picker(ctx, bus, config.run_id, value_model, name, Path(tmp))
+        try:
+            result = evaluate_heldout(bus, heldout, task_ids, submitter, picker=picker)
+        finally:
+            submitter.close()
+    record_stage(options.run_dir, result)
+    _print_heldout(result, options.run_dir)
+
+
+def _value_picker(ctx: typer.Context, bus: Bus, run_id: str, value_model: Path | None, name: str, tmp: Path) -> Picker:
+    from orchard.evaluation.rerank import BusTrajectories, ValuePicker
+    from trainers.rerank import Reranker
+
+    model = _load_value_model(ctx, value_model, name, tmp)
+    return ValuePicker(Reranker(model), BusTrajectories(bus, run_id))
+
+
+def _print_heldout(result: HeldoutResult, run_dir: Path) -> None:
+    success = result.success
+    console.print(
+        f"stage {result.stage}: success {success.rate:.1%} ({success.successes}/{success.n}), "
+        f"95% CI [{success.low:.1%}, {success.high:.1%}], mean reward {result.reward.mean:.3f}, "
+        f"{result.wall_time_s:.1f}s"
+    )
+    if result.samples_per_task > 1:
+        console.print(f"best of {result.samples_per_task}: any success {result.any_success:.1%}, "
+                      f"mean over samples {result.mean_success:.1%}")  # fmt: skip
+    if result.missing:
+        console.print(f"[yellow]{len(result.missing)} episode(s) had no outcome in time; counted as failures[/]")
+    console.print(f"results table: {run_dir / 'results.md'}")
+
+
+def _rerank_candidates(
+    ctx: typer.Context,
+    rerank: int,
+    source: Path | None,
+    topic: str | None,
+    value_model: Path | None,
+    name: str,
+    output: Path | None,
 ) -> None:
     """Pick the best of K candidates per task with the value model; with labels, compare to a random pick."""
     from trainers.rerank import Reranker, candidates_from_trajectories, read_candidates_jsonl, rerank_tasks
 
     if (source is None) == (topic is None):
-        raise OrchardError("give exactly one of --source (a JSONL file) or --topic (Trajectory records)")
+        raise OrchardError(
+            "give exactly one of --source (a JSONL file) or --topic (Trajectory records); "
+            "or --tasks for a held-out evaluation, or --plot for the reward curve"
+        )
     cli = state(ctx)
     config = cli.config()
     if source is not None:

@@ -94,6 +94,7 @@ class LocalEpisodeRunner:
         self.codec = Codec.default()
         self._started: dict[str, int] = {}
         self._calls: dict[str, int] = {}
+        self._versions: dict[str, int | None] = {}
 
     async def run(self, episode: Episode, emit: EventSink) -> EpisodeState:
         """Run the episode and publish its outcome."""
@@ -110,6 +111,7 @@ class LocalEpisodeRunner:
             emit("harness-exited", exit_code=run.exit_code, timed_out=run.timed_out)
             summary = await self.proxy.close_episode(episode.episode_id)
             self._calls[episode.episode_id] = int(summary.get("calls_recorded", 0))
+            self._versions[episode.episode_id] = summary.get("last_policy_version")
             if run.timed_out or (run.exit_code is not None and run.exit_code in CRASH_EXIT_CODES):
                 state = EpisodeState.TIMED_OUT if run.timed_out else EpisodeState.CRASHED
                 await self._publish(episode, state, None, harness_failure(run), run)
@@ -179,7 +181,7 @@ class LocalEpisodeRunner:
             "signals": verdict.signals if verdict else {},
             "num_model_calls": self._calls.pop(episode.episode_id, 0),
             "artifact_uris": [],
-            "policy_version": None,
+            "policy_version": self._versions.pop(episode.episode_id, None),
             "started_at": self._started.pop(episode.episode_id, now_ms()),
             "ended_at": now_ms(),
             "error": error,

@@ -74,6 +74,7 @@ class EpisodeSummary(BaseModel):
     calls_failed: int = Field(description="ModelCalls the bus refused or did not deliver.")
     calls_dropped: int = Field(description="Answered calls not recorded because the episode was closing.")
     conversations: int = Field(description="Conversations seen (lineage).")
+    last_policy_version: int | None = Field(None, description="Policy version of the last recorded call, if any.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ class EpisodeSession:
         self.state: EpisodeState = "active"
         self.accepting = True  # False once closing has drained: nothing more is recorded
         self.produced = self.acked = self.delivery_failed = self.publish_failed = self.dropped = 0
+        self.last_policy_version: int | None = None
         self.closing: asyncio.Task[EpisodeSummary] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.log = log.bind(episode_id=spec.episode_id)
@@ -183,6 +185,7 @@ class EpisodeSession:
                 self.log.error("model call not published", error=str(exc), error_type=type(exc).__name__)
                 continue
             self.produced += 1
+            self.last_policy_version = trace.policy_version
             self.lineage.advance(conversation, prompt, completion_ids)
 
     def summary(self) -> EpisodeSummary:
@@ -198,6 +201,7 @@ class EpisodeSession:
             calls_pending=self.produced - self.acked - self.delivery_failed,
             calls_failed=self.publish_failed + self.delivery_failed,
             calls_dropped=self.dropped,
+            last_policy_version=self.last_policy_version,
             conversations=self.lineage.count,
         )
 

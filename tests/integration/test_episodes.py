@@ -201,6 +201,7 @@ def test_a_real_harness_episode_in_a_local_sandbox_is_recorded_token_exactly_gra
         assert unpack_token_ids(call["completion_token_ids"]).tolist() == trace.completion_token_ids
         assert unpack_logprobs(call["completion_logprobs"]).tolist() == pytest.approx(trace.completion_logprobs)
     [outcome] = read(stack["bus"], OUTCOMES)
+    assert outcome["policy_version"] == 5  # the version that served the episode's last call
     assert (outcome["episode_id"], outcome["status"], outcome["reward"], outcome["success"]) == (
         episode_id, "SUCCEEDED", 1.0, True,
     )  # fmt: skip

@@ -389,3 +389,14 @@ def test_config_refuses_unknown_fields_and_non_finite_weights() -> None:
     assert SampleBuilderConfig(scorers={"a": 1.0}, credit=CreditConfig(score_credit={"b": 1})).awaited_scorers == (
         "a", "b",
     )  # fmt: skip
+
+
+def test_held_out_evaluation_episodes_are_never_trained_on() -> None:
+    inputs = [
+        episode("t0", reward=1.0, group="A", timestamp=1000),
+        episode("t1", reward=0.0, group="A", timestamp=1001),
+        episode("e0", reward=1.0, group="eval-sft-task-3", timestamp=1002),
+    ]
+    out, builder = drive(SampleBuilderConfig(kinds=["RL"], group_size=2, group_timeout_ms=10), [*inputs, 50_000])
+    assert sorted({s["episode_id"] for s in out}) == ["t0", "t1"]
+    assert builder.stats["evaluation"] == 1

@@ -1,0 +1,99 @@
+"""Best-of-K for held-out evaluation: a ``Picker`` that lets the value-model reranker choose among a task's K
+finished episodes, reading their ``Trajectory`` records (assembled by the consumers) from the bus.
+
+Trajectories are assembled after the outcome is published, so the picker waits for them, up to ``wait_s`` in total
+from its first call. An episode with no trajectory by then cannot be scored and is not chosen; a task none of whose
+episodes can be scored falls back to its first finished episode (a random pick), and the fallback is counted in
+``fallbacks``. Torch is only needed by the reranker passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from orchard.bus import Bus, Consumer, Record
+from orchard.codec import Codec
+from orchard.evaluation.heldout import EpisodeResult
+from orchard.logging import get_logger
+from orchard.serialization_errors import SerializationError
+from orchard.topics import TRAJECTORIES
+
+if TYPE_CHECKING:
+    from consumers.trajectory import Trajectory
+    from trainers.rerank import Candidate, RerankResult
+
+log = get_logger("orchard.evaluation.rerank")
+TrajectoryFetch = Callable[[set[str], float], "dict[str, Trajectory]"]
+"""Returns the trajectories of the given episode ids that are available before the deadline (a monotonic time)."""
+
+
+class CandidateRanker(Protocol):
+    """What the picker needs of ``trainers.rerank.Reranker``."""
+
+    def pick(self, candidates: Sequence[Candidate]) -> RerankResult:
+        """The best of ``candidates``."""
+
+
+class ValuePicker:
+    """A ``Picker`` choosing the episode the value model rates most likely to succeed."""
+
+    def __init__(self, reranker: CandidateRanker, fetch: TrajectoryFetch, *, wait_s: float = 120.0) -> None:
+        self.reranker, self.fetch, self.wait_s = reranker, fetch, wait_s
+        self.fallbacks = 0
+        self._deadline: float | None = None
+
+    def __call__(self, task_id: str, candidates: Sequence[EpisodeResult]) -> EpisodeResult:
+        """The chosen episode of ``task_id``."""
+        from trainers.rerank import Candidate
+
+        finished = [c for c in candidates if c.finished]
+        if not finished:
+            return candidates[0]
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.wait_s
+        trajectories = self.fetch({c.episode_id for c in finished}, self._deadline)
+        scored = [c for c in finished if c.episode_id in trajectories]
+        if not scored:
+            self.fallbacks += 1
+            log.warning("no trajectories to rerank; first episode counts", task_id=task_id, episodes=len(finished))
+            return finished[0]
+        result = self.reranker.pick([Candidate.from_trajectory(trajectories[c.episode_id]) for c in scored])
+        return scored[result.best_index]
+
+
+class BusTrajectories:
+    """A ``TrajectoryFetch`` over a run's trajectories topic; what it has read is kept for later calls."""
+
+    def __init__(self, bus: Bus, run_id: str, topic: str = TRAJECTORIES) -> None:
+        self.run_id = run_id
+        self._codec = Codec.default()
+        bus.create_topic(topic, exist_ok=True)
+        self._consumer: Consumer = bus.consumer([topic], group=None, start="earliest")
+        self._seen: dict[str, Trajectory] = {}
+
+    def __call__(self, episode_ids: set[str], deadline: float) -> dict[str, Trajectory]:
+        """The trajectories of ``episode_ids`` read by ``deadline`` (all of them if they arrive in time)."""
+        while not episode_ids <= self._seen.keys():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._add(self._consumer.poll(timeout_s=min(1.0, remaining)))
+        return {episode_id: self._seen[episode_id] for episode_id in episode_ids if episode_id in self._seen}
+
+    def _add(self, records: Iterable[Record]) -> None:
+        from consumers.trajectory_records import trajectory_from_record
+
+        for record in records:
+            try:
+                decoded = self._codec.decode(record.value)
+            except SerializationError:
+                continue
+            if decoded.name == "Trajectory" and decoded.record["run_id"] == self.run_id:
+                trajectory = trajectory_from_record(decoded.record, self._codec)
+                self._seen.setdefault(trajectory.episode_id, trajectory)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()

@@ -1,0 +1,124 @@
+"""Held-out evaluation with an injected submit function standing in for Orchard Env: ids and groups per stage,
+outcomes matched by episode id, missing episodes counted as failures, best-of-K picks, idempotent resubmission."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from orchard.bus import Bus
+from orchard.evaluation.heldout import (
+    EpisodeResult,
+    HeldoutConfig,
+    eval_episode_id,
+    eval_group_id,
+    evaluate_heldout,
+    is_eval_group,
+    plan_episodes,
+)
+from orchard.evaluation.stats import success_stats
+from producers.rollout.scheduler import EpisodeRequest
+
+Outcome = Callable[..., dict[str, Any]]
+
+
+def config(**overrides: Any) -> HeldoutConfig:
+    """A quick config: run ``run``, stage ``sft``, 2 s to wait."""
+    return HeldoutConfig(**({"run_id": "run", "stage": "sft", "harness": "builtin", "model": "m", "timeout_s": 2.0}
+                            | overrides))  # fmt: skip
+
+
+def fake_env(
+    publish: Callable[[list[dict[str, Any]]], None], outcome: Outcome, results: dict[str, tuple[bool, float]]
+) -> tuple[list[EpisodeRequest], Callable[[EpisodeRequest], None]]:
+    """A submit function that publishes each episode's outcome at once; tasks absent from ``results`` never end."""
+    submitted: list[EpisodeRequest] = []
+
+    def submit(request: EpisodeRequest) -> None:
+        submitted.append(request)
+        if request.task_id in results:
+            success, reward = results[request.task_id]
+            publish([outcome(request.episode_id, task_id=request.task_id, group_id=request.group_id,
+                             success=success, reward=reward, policy_version=4)])  # fmt: skip
+
+    return submitted, submit
+
+
+def test_plan_gives_each_task_k_deterministic_episodes_in_an_eval_group() -> None:
+    requests = plan_episodes(config(samples_per_task=2), ["a", "b"])
+
+    assert [(r.task_id, r.group_id) for r in requests] == [
+        ("a", "eval-sft-a"), ("a", "eval-sft-a"), ("b", "eval-sft-b"), ("b", "eval-sft-b"),
+    ]  # fmt: skip
+    assert [r.episode_id for r in requests] == [eval_episode_id("run", "sft", t, i) for t in "ab" for i in range(2)]
+    assert len({r.episode_id for r in requests}) == 4
+    assert eval_episode_id("run", "rl", "a", 0) != eval_episode_id("run", "sft", "a", 0)
+    assert all(is_eval_group(r.group_id) for r in requests)
+    assert not is_eval_group("r000001-a")
+    assert eval_group_id("rl", "x") == "eval-rl-x"
+
+
+def test_empty_or_repeated_task_lists_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one task"):
+        plan_episodes(config(), [])
+    with pytest.raises(ValueError, match="unique"):
+        plan_episodes(config(), ["a", "a"])
+
+
+def test_outcomes_are_matched_by_episode_id_and_a_task_that_never_ends_is_a_reported_failure(
+    bus: Bus, publish: Callable[..., None], outcome: Outcome
+) -> None:
+    # noise: another run's outcome for the same episode id, and an unrelated episode
+    first_id = eval_episode_id("run", "sft", "a", 0)
+    publish([outcome(first_id, run_id="other", success=False), outcome("unrelated", success=True)])
+    submitted, submit = fake_env(publish, outcome, {"a": (True, 1.0), "b": (False, 0.5), "c": (True, 1.0)})
+
+    result = evaluate_heldout(bus, config(timeout_s=1.5), ["a", "b", "c", "d"], submit)
+
+    assert [r.task_id for r in submitted] == ["a", "b", "c", "d"]
+    assert [(t.task_id, t.chosen.status, t.chosen.success, t.chosen.reward) for t in result.tasks] == [
+        ("a", "SUCCEEDED", True, 1.0), ("b", "FAILED", False, 0.5), ("c", "SUCCEEDED", True, 1.0),
+        ("d", "MISSING", False, 0.0),
+    ]  # fmt: skip
+    assert result.success == success_stats(2, 4)
+    assert result.reward.mean == pytest.approx(0.625)
+    assert result.missing == [eval_episode_id("run", "sft", "d", 0)]
+    assert result.tasks[0].chosen.policy_version == 4
+    assert result.wall_time_s >= 1.5
+
+
+def test_with_k_samples_the_picker_chooses_and_pass_at_k_and_mean_success_are_reported(
+    bus: Bus, publish: Callable[..., None], outcome: Outcome
+) -> None:
+    wins = {eval_episode_id("run", "sft", "a", 1), eval_episode_id("run", "sft", "b", 2)}
+
+    def submit(request: EpisodeRequest) -> None:
+        won = request.episode_id in wins
+        publish([outcome(request.episode_id, task_id=request.task_id, success=won, reward=float(won))])
+
+    def last(task_id: str, candidates: Sequence[EpisodeResult]) -> EpisodeResult:
+        return candidates[-1]
+
+    first = evaluate_heldout(bus, config(samples_per_task=3), ["a", "b"], submit)
+    picked = evaluate_heldout(bus, config(samples_per_task=3), ["a", "b"], lambda request: None, picker=last)
+
+    assert [t.chosen.index for t in first.tasks] == [0, 0]
+    assert (first.success.successes, first.any_success, first.mean_success) == (0, 1.0, pytest.approx(2 / 6))
+    assert [t.chosen.index for t in picked.tasks] == [2, 2]
+    assert picked.success.successes == 1  # b's third sample won; a's did not
+    assert picked.missing == []  # a resubmission that Env ignores reads the outcomes already on the bus
+
+
+def test_per_task_detail_is_json_ready(bus: Bus, publish: Callable[..., None], outcome: Outcome) -> None:
+    _, submit = fake_env(publish, outcome, {"a": (True, 1.0)})
+
+    detail = evaluate_heldout(bus, config(), ["a"], submit).to_json()
+
+    assert detail["tasks"] == [{
+        "task_id": "a",
+        "chosen": eval_episode_id("run", "sft", "a", 0),
+        "episodes": [{"episode_id": eval_episode_id("run", "sft", "a", 0), "index": 0, "status": "SUCCEEDED",
+                      "success": True, "reward": 1.0, "policy_version": 4, "error": None}],
+    }]  # fmt: skip
