@@ -45,7 +45,8 @@ def run(
 
     env = {**os.environ, **secret_environment(orchard_config, directory), "PYTHONUNBUFFERED": "1",
            "ORCHARD_CONFIG": str(directory.orchard_config.resolve())}  # fmt: skip
-    supervisor = Supervisor(config, directory, env, cwd=os.getcwd(), resumed=previous_starts)
+    supervisor = Supervisor(config, directory, env, cwd=os.getcwd(), resumed=previous_starts,
+                            bus=orchard_config.bus, run_id=orchard_config.run_id)  # fmt: skip
     install_signal_handlers(supervisor.request_stop)
     metrics = BusMetrics(orchard_config)
     view = LogView(metrics) if no_live else LiveView(metrics, console=console)

@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 
 from orchard.run.config import (
+    RUN_DIR,
+    CommandComponent,
     ComponentSpec,
     ConsumerComponent,
     EngineComponent,
     EnvComponent,
     PolicyTrainerComponent,
     ProxyComponent,
+    RolloutComponent,
     RunConfig,
     ScriptedEngineComponent,
     ValueTrainerComponent,
@@ -38,8 +41,20 @@ def base_url(config: RunConfig, value: str, suffix: str = "") -> str:
     return f"http://{host}:{spec.listen_port()}{suffix}"
 
 
+def component_command(name: str, spec: ComponentSpec, config: RunConfig, run_dir: Path) -> list[str]:
+    """The whole command line of component ``name``, ``{run_dir}`` replaced by the run directory."""
+    root = str(run_dir.resolve())
+    if isinstance(spec, CommandComponent):
+        first, *rest = spec.run
+        head = {"orchard": orchard_executable(), "python": [sys.executable]}.get(first, [first])
+        command = [*head, *rest, *spec.args]
+    else:
+        command = [*orchard_executable(), *component_args(name, spec, config, run_dir)]
+    return [word.replace(RUN_DIR, root) for word in command]
+
+
 def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: Path) -> list[str]:
-    """The arguments after ``orchard`` that start component ``name``."""
+    """The arguments after ``orchard`` that start component ``name`` (a command component: its own words)."""
     match spec:
         case EngineComponent():
             args = ["engine", "serve", "--model", spec.model, "--backend", spec.backend, "--host", spec.host,
@@ -66,4 +81,15 @@ def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: P
         case ValueTrainerComponent():
             args = ["train", "value", "--model", spec.model]
             args += ["--max-steps", str(spec.max_steps)] if spec.max_steps else []
+        case RolloutComponent():
+            args = ["rollout", "run", "--env", base_url(config, spec.service), "--tasks", str(spec.tasks),
+                    "--harness", spec.harness, "--model", spec.model, "--budget", str(spec.budget),
+                    "--min-rollouts", str(spec.min_rollouts), "--max-rollouts", str(spec.max_rollouts),
+                    "--wait-timeout", str(spec.wait_timeout_s)]  # fmt: skip
+            args += ["--demos", str(spec.demos)] if spec.demos else []
+            args += ["--rounds", str(spec.rounds)] if spec.rounds else []
+            args += ["--episodes", str(spec.episodes)] if spec.episodes else []
+            args += ["--episode-timeout", str(spec.episode_timeout_s)] if spec.episode_timeout_s else []
+        case CommandComponent():
+            return [*spec.run, *spec.args]
     return [*args, *spec.args]

@@ -182,6 +182,52 @@ class ValueTrainerComponent(_Component):
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps.")
 
 
+class RolloutComponent(_Component):
+    """``orchard rollout run``: BAR rounds over a task directory, or (``demos``) the expert's demonstration episodes.
+
+    It exits 0 once every episode it submitted has an outcome, so a stage can wait for it (``until: {exits: [..]}``).
+    """
+
+    kind: Literal["rollout"]
+    service: str = Field(..., min_length=1, description="Orchard Env base URL, or the name of an env component.")
+    tasks: Path = Field(..., description="Directory of task directories (the Env's catalog, or a subset of it).")
+    demos: Path | None = Field(None, description="Directory with demonstrations.jsonl: submit exactly those episodes.")
+    harness: str = Field("builtin", min_length=1, description="Harness of every episode.")
+    model: str = Field("policy", min_length=1, description="Model name the harness asks the proxy for.")
+    rounds: int | None = Field(None, ge=1, description="BAR rounds (default 1).")
+    episodes: int | None = Field(None, ge=1, description="Cap on the episodes submitted in all.")
+    budget: int = Field(64, ge=1, description="BAR: rollouts per round over all tasks.")
+    min_rollouts: int = Field(2, ge=0, description="BAR: rollouts every task gets each round.")
+    max_rollouts: int = Field(32, ge=1, description="BAR: cap on one task's group per round.")
+    episode_timeout_s: float | None = Field(None, ge=1, description="Override of Env's per-episode limit.")
+    wait_timeout_s: float = Field(3600.0, ge=1, description="Longest wait for a round's outcomes (then exit 1).")
+
+    def references(self) -> list[str]:
+        """The Env, when ``env`` names a component."""
+        return [] if "://" in self.service else [self.service]
+
+
+class CommandComponent(_Component):
+    """Any command: a one-shot step (generate data, ``orchard eval``) or a server of the recipe's own (``port``).
+
+    In ``run``, a first word ``orchard`` or ``python`` means this environment's ``orchard`` and interpreter, and
+    ``{run_dir}`` / ``{recipe_dir}`` in any word become the run directory and the recipe's directory.
+    """
+
+    kind: Literal["command"]
+    run: list[str] = Field(..., min_length=1, description="The command line, one word per item (no shell).")
+    host: str = Field("127.0.0.1", min_length=1, description="Where the server listens (with port).")
+    port: int | None = Field(None, ge=1, le=65535, description="A server's port: probed by health, checked unique.")
+
+    def default_health(self) -> HealthCheck:
+        """``/healthz`` for a server, else "still alive after 1 s"."""
+        return HttpHealth() if self.port is not None else AliveHealth()
+
+    def listen_port(self) -> int | None:
+        """The ``port`` field."""
+        return self.port
+
+
 ComponentSpec = Annotated[
     EngineComponent
     | ScriptedEngineComponent
@@ -189,17 +235,50 @@ ComponentSpec = Annotated[
     | EnvComponent
     | ConsumerComponent
     | PolicyTrainerComponent
-    | ValueTrainerComponent,
+    | ValueTrainerComponent
+    | RolloutComponent
+    | CommandComponent,
     Field(discriminator="kind"),
 ]
 
+ONE_SHOT_KINDS = ("rollout", "command")
+
+
+class StageUntil(_Strict):
+    """When a stage is done: every condition given holds (at least one must be given)."""
+
+    exits: list[str] = Field(default_factory=list, description="These components have exited 0.")
+    policy_version: int | None = Field(
+        None, ge=0, description="A PolicyVersion at least this number is on policy-versions (this run)."
+    )
+    topic: str | None = Field(None, min_length=1, description="This topic holds at least `count` records.")
+    count: int = Field(1, ge=1, description="Records `topic` must hold.")
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> StageUntil:
+        if not self.exits and self.policy_version is None and self.topic is None:
+            raise ValueError("give at least one of exits, policy_version, topic")
+        return self
+
 
 class StageConfig(_Strict):
-    """One stage of a staged pipeline (SFT, RL, ...): validated and recorded; not yet executed by ``orchard run``."""
+    """One stage of a staged pipeline (SFT, RL, eval, ...): components to start, and when it is done.
+
+    At the stage's start its ``components`` are started (those that exited or were stopped start afresh; those
+    running stay up); when ``until`` holds, its ``stop`` components are stopped and the next stage begins.
+    Components no stage lists run for the whole run.
+    """
 
     name: str = Field(..., pattern=NAME_PATTERN, description="Unique stage name.")
     description: str = Field("", description="What the stage does.")
-    components: list[str] = Field(default_factory=list, description="Components the stage runs.")
+    components: list[str] = Field(default_factory=list, description="Components started when the stage begins.")
+    until: StageUntil | None = Field(
+        None,
+        description="Completion condition (default: its rollout and command components exited 0; with none, the "
+        "stage runs until the run is stopped).",
+    )
+    stop: list[str] = Field(default_factory=list, description="Components stopped when the stage is done.")
+    timeout_s: float | None = Field(None, gt=0, description="The run fails if the stage is not done in this time.")
     options: dict[str, Any] = Field(default_factory=dict, description="Stage-specific settings, recorded as given.")
 
 
@@ -220,7 +299,15 @@ class RunConfig(_Strict):
     stop_when_done: list[str] = Field(
         default_factory=list, description="The run stops cleanly once all of these components have exited 0."
     )
-    stages: list[StageConfig] = Field(default_factory=list, description="Staged pipeline (recorded only, for now).")
+    stages: list[StageConfig] = Field(default_factory=list, description="Stages, run in order (StageConfig).")
+    recipe: str | None = Field(None, description="Recipe name (recorded).")
+    model: str | None = Field(None, description="Starting model of the recipe (recorded; components name their own).")
+    model_seed: int | None = Field(None, description="Its initialisation seed (recorded).")
+    harness: str | None = Field(None, description="Harness of the recipe's episodes (recorded).")
+    tasks: dict[str, Any] = Field(default_factory=dict, description="Task generation settings (recorded).")
+    grader: dict[str, Any] = Field(default_factory=dict, description="Grader settings (recorded).")
+    expert: dict[str, Any] = Field(default_factory=dict, description="Expert demonstration settings (recorded).")
+    eval: dict[str, Any] = Field(default_factory=dict, description="Held-out evaluation settings (recorded).")
 
     @field_validator("components")
     @classmethod
@@ -244,9 +331,11 @@ class RunConfig(_Strict):
             if stage.name in seen:
                 raise ValueError(f"stages.{index}.name: stage {stage.name!r} appears twice")
             seen.add(stage.name)
-            for ref in stage.components:
-                if ref not in self.components:
-                    raise ValueError(f"stages.{index}.components: {ref!r} is not a component of this recipe")
+            until = stage.until.exits if stage.until else []
+            for field, refs in (("components", stage.components), ("stop", stage.stop), ("until.exits", until)):
+                for ref in refs:
+                    if ref not in self.components:
+                        raise ValueError(f"stages.{index}.{field}: {ref!r} is not a component of this recipe")
         ports: dict[int, str] = {}
         for name, spec in self.components.items():
             port = spec.listen_port()
@@ -256,6 +345,16 @@ class RunConfig(_Strict):
                 ports[port] = name
         self.start_order()  # raises on a cycle
         return self
+
+    def stage_exits(self, stage: StageConfig) -> list[str]:
+        """The components whose exit ends ``stage``: ``until.exits``, else its rollout and command components."""
+        if stage.until is not None:
+            return stage.until.exits
+        return [name for name in stage.components if self.components[name].kind in ONE_SHOT_KINDS]
+
+    def staged(self) -> set[str]:
+        """Components some stage lists (they start with their stage; the others start with the run)."""
+        return {name for stage in self.stages for name in stage.components}
 
     def dependencies(self, name: str) -> list[str]:
         """Components ``name`` waits for: its ``after`` list and the components its URLs name."""
@@ -298,7 +397,14 @@ class RunConfig(_Strict):
             yield name, self.components[name]
 
 
-_PATH_FIELDS = {"scripted-engine": ("plan",), "env": ("tasks",), "policy-trainer": ("config",)}
+_PATH_FIELDS = {
+    "scripted-engine": ("plan",),
+    "env": ("tasks",),
+    "policy-trainer": ("config",),
+    "rollout": ("tasks", "demos"),
+}
+RUN_DIR = "{run_dir}"
+RECIPE_DIR = "{recipe_dir}"
 
 
 def parse_run_config(data: Any, source: str, base_dir: Path | None = None) -> RunConfig:
@@ -314,11 +420,18 @@ def parse_run_config(data: Any, source: str, base_dir: Path | None = None) -> Ru
         raise ConfigError(describe_validation_error(exc, source)) from exc
     if base_dir is None:
         return config
+    recipe_dir = str(base_dir.resolve())
     for spec in config.components.values():
         for field in _PATH_FIELDS.get(spec.kind, ()):
             value = getattr(spec, field)
-            if value is not None and not Path(value).is_absolute():
-                setattr(spec, field, (base_dir / value).resolve())
+            if value is None or str(value).startswith(RUN_DIR):  # placed in the run directory at start
+                continue
+            value = Path(str(value).replace(RECIPE_DIR, recipe_dir))
+            if not value.is_absolute():
+                value = (base_dir / value).resolve()
+            setattr(spec, field, value)
+        if isinstance(spec, CommandComponent):
+            spec.run = [word.replace(RECIPE_DIR, recipe_dir) for word in spec.run]
     return config
 
 

@@ -27,11 +27,13 @@ from typing import IO, Any, Literal, Protocol
 
 import httpx
 
+from orchard.config import BusConfig
 from orchard.logging import get_logger
-from orchard.run.commands import component_args, orchard_executable
-from orchard.run.config import HttpHealth, RunConfig
+from orchard.run.commands import component_command
+from orchard.run.config import HttpHealth, RunConfig, StageConfig
 from orchard.run.exceptions import RunError
 from orchard.run.rundir import RunDir
+from orchard.run.stages import BusProbe, StageRunner
 
 log = get_logger("run.supervisor")
 
@@ -79,15 +81,25 @@ class Supervisor:
     """Starts, watches, restarts and stops the components of one run."""
 
     def __init__(
-        self, config: RunConfig, run_dir: RunDir, env: Mapping[str, str], *, cwd: str | None = None, resumed: int = 0
+        self,
+        config: RunConfig,
+        run_dir: RunDir,
+        env: Mapping[str, str],
+        *,
+        cwd: str | None = None,
+        resumed: int = 0,
+        bus: BusConfig | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.config, self.run_dir, self.env, self.cwd = config, run_dir, dict(env), cwd
         self.starts = resumed + 1
-        executable = orchard_executable()
         self.components = {
-            name: ComponentState(name, spec.kind, [*executable, *component_args(name, spec, config, run_dir.root)])
+            name: ComponentState(name, spec.kind, component_command(name, spec, config, run_dir.root))
             for name, spec in config.items()
         }
+        probe = BusProbe(bus, run_id or config.run_id or run_dir.root.name) if bus is not None else None
+        previous = {s.get("name"): s for s in run_dir.read_state().get("stages") or [] if isinstance(s, dict)}
+        self.stages = StageRunner(config, probe, previous)
         self.stop_requested = False
         self.force = False
         self.outcome: Literal["running", "stopped", "completed", "failed"] = "running"
@@ -115,6 +127,7 @@ class Supervisor:
         finally:
             self.stop_all(view)
             self._http.close()
+            self.stages.close()
         return self.outcome
 
     def request_stop(self, signum: int | None = None, _frame: object = None) -> None:
@@ -129,7 +142,7 @@ class Supervisor:
         for state in self.components.values():
             if state.process is not None and state.process.poll() is not None:
                 self._exited(state)
-            elif state.status == "pending" and self._dependencies_ready(state.name):
+            elif state.status == "pending" and self._may_start(state.name):
                 self._spawn(state)
             elif state.status == "backoff" and now >= state.next_start:
                 self._spawn(state)
@@ -138,9 +151,37 @@ class Supervisor:
             elif state.status in ("healthy", "unhealthy") and now - state.checked_at >= HEALTH_EVERY_S:
                 state.checked_at = now
                 self._set(state, "healthy" if self._probe(state) else "unhealthy")
+        statuses = {name: state.status for name, state in self.components.items()}
+        failure = self.stages.check(statuses, self._begin_stage, self._end_stage)
+        if failure:
+            self._finish("failed", failure)
         self._check_done()
 
+    # ------------------------------------------------------------------------------------------------ stages
+    def _begin_stage(self, stage: StageConfig) -> None:
+        """Components of the stage that exited or were stopped start afresh; running ones stay up."""
+        for name in stage.components:
+            state = self.components[name]
+            if state.status in ("exited", "stopped"):
+                state.restarts, state.exit_code = 0, None
+                self._set(state, "pending")
+        self._save()
+
+    def _end_stage(self, stage: StageConfig) -> None:
+        for name in stage.stop:
+            state = self.components[name]
+            if state.process is not None:
+                self._set(state, "stopping")
+                state.exit_code = self._terminate(state, self.config.components[name].stop_grace_s)
+            if state.status not in ("exited", "failed"):
+                self._set(state, "stopped")
+        self._save()
+
     # ------------------------------------------------------------------------------------------------ transitions
+    def _may_start(self, name: str) -> bool:
+        """Its stage (if any) has begun and its dependencies are up."""
+        return self.stages.may_start(name) and self._dependencies_ready(name)
+
     def _dependencies_ready(self, name: str) -> bool:
         ready = ("healthy", "unhealthy", "exited")
         return all(self.components[dep].status in ready for dep in self.config.dependencies(name))
@@ -222,6 +263,10 @@ class Supervisor:
         if failed:
             self._finish("failed", f"component(s) failed: {', '.join(failed)}")
             return
+        if self.config.stages:
+            if self.stages.finished:
+                self._finish("completed", f"all {len(self.config.stages)} stages completed")
+            return
         done = self.config.stop_when_done
         if done and all(self.components[name].status == "exited" for name in done):
             self._finish("completed", f"{', '.join(done)} finished")
@@ -285,7 +330,7 @@ class Supervisor:
             "first_started_at": previous.get("first_started_at", time.time()),
             "updated_at": time.time(),
             "components": {name: state.public() for name, state in self.components.items()},
-            "stages": [{**stage.model_dump(mode="json"), "status": "recorded"} for stage in self.config.stages],
+            "stages": self.stages.public(),
         })  # fmt: skip
 
 

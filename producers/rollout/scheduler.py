@@ -50,6 +50,9 @@ class RolloutSchedulerConfig(BaseModel):
     model: str = Field(..., min_length=1, description="Model name the harness asks the proxy for.")
     rollout: BalancedRolloutConfig = Field(default_factory=BalancedRolloutConfig)
     rounds: int | None = Field(None, ge=1, description="Rounds to run (None: until stopped).")
+    max_episodes: int | None = Field(
+        None, ge=1, description="Episodes to submit in all (None: no cap); a round is cut short at the cap."
+    )
     round_timeout_s: float = Field(3600.0, gt=0, description="Longest wait for a round's outcomes.")
     episode_timeout_s: float | None = Field(None, gt=0, description="Override of Env's episode timeout.")
     options: dict[str, Any] = Field(default_factory=dict, description="Harness- or task-specific settings.")
@@ -106,6 +109,14 @@ class RolloutScheduler:
         self.rounds_submitted = 0
         self.outstanding: set[str] = set()
         self.observed = 0
+        self.submitted = 0
+        self.timed_out_rounds = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the ``max_episodes`` cap is reached (nothing more will be submitted)."""
+        cap = self.config.max_episodes
+        return cap is not None and self.submitted >= cap
 
     def observe(self, outcome: Mapping[str, Any]) -> bool:
         """Fold in one decoded ``EpisodeOutcome``; False for another run's (ignored)."""
@@ -143,6 +154,8 @@ class RolloutScheduler:
     def submit_round(self) -> list[EpisodeRequest]:
         """Plan the next round, submit every episode of it, and wait for their outcomes from now on."""
         requests = self.plan_round()
+        if self.config.max_episodes is not None:
+            requests = requests[: max(0, self.config.max_episodes - self.submitted)]
         for request in requests:
             self.submit(request)
         self.outstanding = {request.episode_id for request in requests}
@@ -152,6 +165,7 @@ class RolloutScheduler:
         log.info("rollout round submitted", run_id=self.config.run_id, round=self.round, groups=sizes)
         self.round += 1
         self.rounds_submitted += 1
+        self.submitted += len(requests)
         return requests
 
     @property
@@ -208,11 +222,14 @@ def run_rollout_scheduler(
         while not (stop is not None and stop.is_set()):
             if config.rounds is not None and scheduler.rounds_submitted >= config.rounds:
                 break
+            if scheduler.exhausted:
+                break
             scheduler.submit_round()
             deadline = time.monotonic() + config.round_timeout_s
             while not scheduler.round_done and time.monotonic() < deadline and not (stop and stop.is_set()):
                 _feed(consumer.poll(timeout_s=1.0), scheduler, codec)
             if not scheduler.round_done:
+                scheduler.timed_out_rounds += 1
                 log.warning("round timed out", round=scheduler.round - 1, missing=len(scheduler.outstanding))
     finally:
         consumer.close()

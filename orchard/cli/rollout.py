@@ -1,0 +1,169 @@
+"""``orchard rollout run``: start episodes on Orchard Env and wait for their outcomes on the bus.
+
+Two modes. By default, the rollout scheduler (``producers.rollout.scheduler``) runs rounds over the tasks of a task
+directory, each task's group sized by Balanced Adaptive Rollout from the run's outcomes so far. With ``--demos DIR``
+it submits exactly the demonstration episodes a scripted expert wrote (``DIR/demonstrations.jsonl``: episode id and
+task id per line, as ``recipes.file_lookup.expert plan`` writes them), so an expert backend that routes by episode id
+answers each with its own plan. Either way the command exits 0 once every episode it submitted has an outcome on the
+bus, and 1 if some are still missing after the wait; episodes Env already has (a rerun) count as submitted, and
+their outcomes, already on the bus, are found by the replay, so a rerun ends at once without running anything twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import typer
+
+from orchard.bus import Bus
+from orchard.cli.common import err_console, state
+from orchard.exceptions import ConfigError
+from orchard.logging import get_logger
+from producers.rollout.scheduler import EnvSubmitter, EpisodeRequest, SubmitFn
+
+app = typer.Typer(help="Start episodes on Orchard Env: Balanced Adaptive Rollout rounds, or expert demonstrations.")
+log = get_logger("cli.rollout")
+ENV_TOKEN = "ORCHARD_ENV_TOKEN"  # noqa: S105 - the name of the variable, not a secret
+
+
+@app.command("run")
+def rollout_run(
+    ctx: typer.Context,
+    env: str = typer.Option(..., "--env", help="Base URL of Orchard Env, e.g. http://127.0.0.1:8200."),
+    tasks: Path = typer.Option(..., "--tasks", exists=True, file_okay=False, help="Directory of task directories."),
+    demos: Path | None = typer.Option(
+        None, "--demos", exists=True, file_okay=False, help="Submit the demonstration episodes written in this dir."
+    ),
+    harness: str = typer.Option("builtin", "--harness", help="Harness of every episode."),
+    model: str = typer.Option("policy", "--model", help="Model name the harness asks the proxy for."),
+    rounds: int | None = typer.Option(None, "--rounds", min=1, help="Rollout rounds (default: 1 round)."),
+    episodes: int | None = typer.Option(None, "--episodes", min=1, help="Cap on the episodes submitted in all."),
+    budget: int = typer.Option(64, "--budget", min=1, help="BAR: rollouts per round over all tasks."),
+    min_rollouts: int = typer.Option(2, "--min-rollouts", min=0, help="BAR: rollouts every task gets per round."),
+    max_rollouts: int = typer.Option(32, "--max-rollouts", min=1, help="BAR: cap on one task's group per round."),
+    episode_timeout: float | None = typer.Option(None, "--episode-timeout", min=1.0, help="Env's per-episode limit."),
+    wait_timeout: float = typer.Option(
+        3600.0, "--wait-timeout", min=1.0, help="Longest wait for a round's (or the demos') outcomes, seconds."
+    ),
+) -> None:
+    """Roll out tasks (BAR rounds) or expert demonstrations on Orchard Env; exit 0 when all have outcomes."""
+    config = state(ctx).config()
+    token = os.environ.get(ENV_TOKEN, "")
+    if not token:
+        raise ConfigError(f"{ENV_TOKEN} must be set (secrets come from the environment only)")
+    task_ids = _task_ids(tasks)
+    submitter = EnvSubmitter(env, token)
+    bus = state(ctx).bus()
+    try:
+        if demos is not None:
+            missing = _run_demos(bus, config.run_id, submitter, demos, task_ids, harness, model, episodes,
+                                 episode_timeout, wait_timeout)  # fmt: skip
+        else:
+            missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes,
+                                  (budget, min_rollouts, max_rollouts), episode_timeout, wait_timeout)  # fmt: skip
+    finally:
+        submitter.close()
+        bus.close()
+    if missing:
+        err_console.print(f"[red]{missing} episode(s) have no outcome after {wait_timeout:g} s[/]")
+        raise typer.Exit(1)
+
+
+def _task_ids(tasks: Path) -> list[str]:
+    from orchard.env.tasks import TaskCatalog
+
+    catalog = TaskCatalog(tasks)
+    if not catalog.tasks:
+        raise ConfigError(f"--tasks {tasks}: no task directories in it")
+    return sorted(catalog.tasks)
+
+
+def read_demonstrations(demos: Path) -> list[tuple[str, str]]:
+    """``(episode_id, task_id)`` of every line of ``demos/demonstrations.jsonl``, in file order."""
+    path = demos / "demonstrations.jsonl"
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"--demos {demos}: cannot read {path.name}: {exc}") from exc
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+            pairs.append((str(entry["episode_id"]), str(entry["task_id"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{number}: not a demonstration line ({exc})") from exc
+    return pairs
+
+
+def _run_demos(
+    bus: Bus, run_id: str, submit: SubmitFn, demos: Path, task_ids: list[str], harness: str, model: str,
+    episodes: int | None, episode_timeout: float | None, wait_timeout: float,
+) -> int:  # fmt: skip
+    """Submit each demonstration episode once; the number still without an outcome after the wait."""
+    known = set(task_ids)
+    pairs = read_demonstrations(demos)[:episodes]
+    unknown = sorted({task for _, task in pairs if task not in known})
+    if unknown:
+        raise ConfigError(f"--demos {demos}: tasks not in --tasks: {unknown[:5]}")
+    outcomes = _OutcomeReader(bus, run_id)
+    for episode_id, task_id in pairs:
+        request = EpisodeRequest(task_id=task_id, group_id=f"demo-{task_id}", episode_id=episode_id,
+                                 harness=harness, model=model, timeout_s=episode_timeout)  # fmt: skip
+        submit(request)
+    log.info("demonstrations submitted", run_id=run_id, episodes=len(pairs))
+    try:
+        return outcomes.wait_for({episode_id for episode_id, _ in pairs}, wait_timeout)
+    finally:
+        outcomes.close()
+
+
+def _run_rounds(
+    bus: Bus, run_id: str, submit: SubmitFn, task_ids: list[str], harness: str, model: str, rounds: int | None,
+    episodes: int | None, bar: tuple[int, int, int], episode_timeout: float | None, wait_timeout: float,
+) -> int:  # fmt: skip
+    """BAR rounds through the rollout scheduler; the episodes of the last round still without an outcome."""
+    from producers.rollout.balanced import BalancedRolloutConfig
+    from producers.rollout.scheduler import RolloutSchedulerConfig, run_rollout_scheduler
+
+    budget, min_rollouts, max_rollouts = bar
+    config = RolloutSchedulerConfig(
+        run_id=run_id, tasks=task_ids, harness=harness, model=model, rounds=rounds or 1, max_episodes=episodes,
+        rollout=BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts),
+        round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout,
+    )  # fmt: skip
+    scheduler = run_rollout_scheduler(bus, config, submit)
+    log.info("rollout finished", run_id=run_id, rounds=scheduler.rounds_submitted, episodes=scheduler.submitted,
+             timed_out_rounds=scheduler.timed_out_rounds)  # fmt: skip
+    return len(scheduler.outstanding) + scheduler.timed_out_rounds
+
+
+class _OutcomeReader:
+    """Reads the whole ``outcomes`` topic (no group) and notes the episode ids of one run that have an outcome."""
+
+    def __init__(self, bus: Bus, run_id: str) -> None:
+        from orchard.codec import Codec
+        from orchard.topics import OUTCOMES
+
+        bus.create_topic(OUTCOMES, exist_ok=True)
+        self._consumer = bus.consumer([OUTCOMES], group=None, start="earliest")
+        self._codec, self.run_id = Codec.default(), run_id
+        self.seen: set[str] = set()
+
+    def wait_for(self, episode_ids: set[str], timeout_s: float) -> int:
+        """Poll until every id in ``episode_ids`` has an outcome or ``timeout_s`` passes; how many are missing."""
+        deadline = time.monotonic() + timeout_s
+        while not episode_ids <= self.seen and time.monotonic() < deadline:
+            for record in self._consumer.poll(timeout_s=1.0):
+                decoded = self._codec.decode(record.value)
+                if decoded.name == "EpisodeOutcome" and decoded.record["run_id"] == self.run_id:
+                    self.seen.add(str(decoded.record["episode_id"]))
+        missing = len(episode_ids - self.seen)
+        log.info("outcomes awaited", run_id=self.run_id, expected=len(episode_ids), missing=missing)
+        return missing
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
