@@ -118,6 +118,14 @@ class ChatTokenizer:
             for index, prompt, completion in zip(turns, prompt_ids, completion_ids, strict=True)
         ]
 
+    def chat_trace_ids(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], reply: Mapping[str, Any]
+    ) -> tuple[list[int], list[int]]:
+        """Prompt ids of ``messages`` and completion ids of the assistant ``reply``, as the policy's engine reports
+        them (the scripted backend's ``TraceTokenizer``, so scripted demonstrations carry the policy's tokens)."""
+        last = self.split([*messages, dict(reply)], tools)[-1]
+        return last.prompt_ids.tolist(), last.completion_ids.tolist()
+
     def _texts(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], index: int) -> tuple[str, str]:
         prompt = self.render(messages[:index], tools, True)
         full = self.render(messages[: index + 1], tools, False)

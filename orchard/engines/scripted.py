@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import uvicorn
@@ -177,6 +177,15 @@ def scripted_logprobs(count: int) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------------- requests
+class TraceTokenizer(Protocol):
+    """A policy's tokenizer for the scripted backend: token ids as the policy's engine would report them."""
+
+    def chat_trace_ids(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any], reply: Mapping[str, Any]
+    ) -> tuple[list[int], list[int]]:
+        """Prompt ids of ``messages`` (with ``tools``) and completion ids of the assistant ``reply``."""
+
+
 class ScriptedRequestError(ValueError):
     """A request the scripted backend cannot answer (answered with a 400 OpenAI error)."""
 
@@ -192,6 +201,7 @@ class _Turn:
     step: ScriptedStep
     index: int  # position in the plan key's sequence; makes tool call ids deterministic
     policy_version: int
+    tokenizer: TraceTokenizer | None = None
 
     @property
     def model(self) -> str:
@@ -259,7 +269,16 @@ def _chat_message(turn: _Turn) -> dict[str, Any]:
 
 
 def _chat_trace(turn: _Turn) -> TokenTrace:
-    return turn.trace(render([_chat_message(turn)]))
+    if turn.tokenizer is None:
+        return turn.trace(render([_chat_message(turn)]))
+    prompt, completion = turn.tokenizer.chat_trace_ids(turn.items, turn.tools, _chat_message(turn))
+    # A scripted expert is deterministic: each of its tokens had probability 1.
+    return TokenTrace(
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[0.0] * len(completion),
+        policy_version=turn.policy_version,
+    )
 
 
 def chat_completion(turn: _Turn) -> dict[str, Any]:
@@ -401,8 +420,13 @@ async def _sse(events: Iterator[dict[str, Any]], flavour: Flavour) -> AsyncItera
         yield b"data: [DONE]\n\n"
 
 
-def create_scripted_app(plan: ScriptedPlan, policy_version: int = 0) -> FastAPI:
-    """An OpenAI-compatible app replaying ``plan``; every completion reports ``policy_version`` in its trace."""
+def create_scripted_app(
+    plan: ScriptedPlan, policy_version: int = 0, tokenizer: TraceTokenizer | None = None
+) -> FastAPI:
+    """An OpenAI-compatible app replaying ``plan``; every completion reports ``policy_version`` in its trace.
+
+    With ``tokenizer`` (chat completions only) the token ids are the policy's own, so recorded demonstrations can be
+    trained on; without it they come from the built-in byte tokenizer above."""
     app = FastAPI(title="Orchard scripted backend", docs_url=None, redoc_url=None, openapi_url=None)
     cursors: dict[str, int] = {}
 
@@ -417,7 +441,7 @@ def create_scripted_app(plan: ScriptedPlan, policy_version: int = 0) -> FastAPI:
         cursors[key] = index + 1
         step = plan.step(index)
         tools = body.get("tools") or []
-        turn = _Turn(flavour, body, items, tools, step, index, policy_version)
+        turn = _Turn(flavour, body, items, tools, step, index, policy_version, tokenizer)
         log.debug("scripted reply", plan_key=key, index=index, flavour=flavour)
         if step.delay_s:
             await asyncio.sleep(step.delay_s)

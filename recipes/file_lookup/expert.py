@@ -43,7 +43,13 @@ import uvicorn
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
+from orchard.engines.scripted import (
+    ScriptedPlan,
+    ScriptedStep,
+    ScriptedToolCall,
+    TraceTokenizer,
+    create_scripted_app,
+)
 from orchard.logging import get_logger
 from recipes.file_lookup.generate import ANSWER_FILE, VALUE_RANGE, LookupTask
 
@@ -175,8 +181,11 @@ class ExpertBackend:
     answered 404, naming the episode, so a mis-wired run fails loudly instead of recording a silent "done".
     """
 
-    def __init__(self, model: str = "file-lookup-expert", policy_version: int = 0) -> None:
-        self.model, self.policy_version = model, policy_version
+    def __init__(
+        self, model: str = "file-lookup-expert", policy_version: int = 0, tokenizer: TraceTokenizer | None = None
+    ) -> None:
+        """``tokenizer``: report the policy's own token ids (so demonstrations can be trained on)."""
+        self.model, self.policy_version, self.tokenizer = model, policy_version, tokenizer
         self._apps: dict[str, ASGIApp] = {}
         self._models: ASGIApp = create_scripted_app(ScriptedPlan(model=model), policy_version)
 
@@ -186,12 +195,14 @@ class ExpertBackend:
 
     def register(self, episode_id: str, plan: ScriptedPlan) -> None:
         """Answer ``episode_id``'s requests with ``plan`` (from its first step)."""
-        self._apps[episode_id] = create_scripted_app(plan, self.policy_version)
+        self._apps[episode_id] = create_scripted_app(plan, self.policy_version, self.tokenizer)
 
     @classmethod
-    def from_directory(cls, directory: Path, policy_version: int = 0) -> ExpertBackend:
+    def from_directory(
+        cls, directory: Path, policy_version: int = 0, tokenizer: TraceTokenizer | None = None
+    ) -> ExpertBackend:
         """A backend serving every plan ``main`` wrote under ``directory/plans``."""
-        backend = cls(policy_version=policy_version)
+        backend = cls(policy_version=policy_version, tokenizer=tokenizer)
         for path in sorted((directory / "plans").glob("*.yaml")):
             backend.register(path.stem, ScriptedPlan.from_file(path))
         return backend
@@ -259,9 +270,19 @@ def _counts(demos: Sequence[Demonstration]) -> Mapping[str, int]:
     return counts
 
 
-def serve(directory: Path, host: str = "127.0.0.1", port: int = 8000, policy_version: int = 0) -> None:
-    """Serve the plans under ``directory`` (written by ``write_demonstrations``) until interrupted."""
-    backend = ExpertBackend.from_directory(directory, policy_version)
+def serve(
+    directory: Path, host: str = "127.0.0.1", port: int = 8000, policy_version: int = 0, tokenizer: str = "tiny"
+) -> None:
+    """Serve the plans under ``directory`` (written by ``write_demonstrations``) until interrupted.
+
+    ``tokenizer``: the policy's (``tiny`` or a tokenizer directory), so the recorded demonstrations carry token ids
+    the policy can be trained on; ``none`` keeps the scripted backend's own byte tokens."""
+    chat = None
+    if tokenizer != "none":
+        from orchard.datasets.conversation import ChatTokenizer
+
+        chat = ChatTokenizer.load(tokenizer)
+    backend = ExpertBackend.from_directory(directory, policy_version, chat)
     log.info("serving expert plans", plans=len(backend), host=host, port=port)
     uvicorn.run(backend, host=host, port=port, log_level="warning", lifespan="off", ws="none")
 
@@ -281,9 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--policy-version", type=int, default=0)
+    server.add_argument("--tokenizer", default="tiny", help="The policy's tokenizer: tiny, a directory, or none.")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args.out, args.host, args.port, args.policy_version)
+        serve(args.out, args.host, args.port, args.policy_version, args.tokenizer)
         return 0
     config = ExpertConfig(seed=args.seed, imperfect_fraction=args.imperfect_fraction)
     write_demonstrations(args.tasks, args.out, Expert(config), args.episodes_per_task)

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from consumers.trajectory import trajectory_from_records
 from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
+from orchard.datasets.conversation import ChatTokenizer
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
 from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
@@ -27,6 +29,7 @@ pytestmark = [pytest.mark.harness]
 MODEL = "file-lookup-expert"
 ADMIN = "admin-secret-0123456789"  # noqa: S105 - a test token
 TASK_ID = "file-lookup-train-00000"
+CHAT = ChatTokenizer.load("tiny")  # the policy's tokenizer: demonstrations carry token ids it can be trained on
 DEMOS = {  # episode id -> kind, status, success, reward, progress signals, model calls
     "ep-perfect": (DemoKind.PERFECT, "SUCCEEDED", True, 1.0, (1.0, 1.0, 1.0, 1.0), 3),
     "ep-detour": (DemoKind.WRONG_FILE_FIRST, "SUCCEEDED", True, 1.0, (1.0, 1.0, 1.0, 1.0), 4),
@@ -41,7 +44,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     local runtime."""
     generate(LookupConfig(train_tasks=2, eval_tasks=1), tmp_path / "tasks")
     task = LookupTask.from_directory(tmp_path / "tasks" / "train" / TASK_ID)
-    backend = ExpertBackend(model=MODEL, policy_version=2)
+    backend = ExpertBackend(model=MODEL, policy_version=2, tokenizer=CHAT)
     expert = Expert()
     for episode_id, (kind, *_) in DEMOS.items():
         backend.register(episode_id, expert.demonstrate(task, episode_id, kind).plan)
@@ -112,3 +115,17 @@ def test_expert_demonstrations_run_through_the_harness_and_proxy_and_are_graded_
         )  # fmt: skip
         assert sorted(calls[episode_id]) == list(range(count))
     assert stack["runtime"].list() == []
+
+    # the policy's own tokens: every recorded id is in its vocabulary, and each call's completion decodes to what
+    # the expert did (the scripted expert is deterministic, so its logprobs are 0)
+    records: dict[str, list[dict[str, Any]]] = {}
+    for call in read(stack["bus"], MODEL_CALLS):
+        records.setdefault(call["episode_id"], []).append(call)
+    vocabulary = len(CHAT.tokenizer)
+    for episode_id, episode_calls in records.items():
+        trajectory = trajectory_from_records(episode_calls, outcomes[episode_id])
+        for step in trajectory.steps:
+            assert int(step.prompt_token_ids.max()) < vocabulary and int(step.completion_token_ids.max()) < vocabulary
+            assert not step.completion_logprobs.any()
+            decoded = CHAT.tokenizer.decode(step.completion_token_ids.tolist())
+            assert any(name in decoded for name in ("shell", "submit")), decoded
