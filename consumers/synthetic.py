@@ -124,5 +124,16 @@ def synthetic_episode(
     return SyntheticEpisode(episode_id, call_records, outcome)
 
 
+def interleaved(episodes: list[SyntheticEpisode], window: int = 8, seed: int = 0) -> list[CapturedRecord]:
+    """The episodes' records in overlapping waves of ``window`` episodes, shuffled within each wave (so calls
+    arrive out of order and after their outcome, as they do from many concurrent episodes)."""
+    rng = np.random.default_rng(seed)
+    out: list[CapturedRecord] = []
+    for start in range(0, len(episodes), window):
+        wave = [record for episode in episodes[start : start + window] for record in episode.records]
+        out += [wave[i] for i in rng.permutation(len(wave))]
+    return out
+
+
 def _words(rng: np.random.Generator, count: int) -> str:
     return " ".join(f"w{w}" for w in rng.integers(0, 5000, count))

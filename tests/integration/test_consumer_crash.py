@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from consumers.assembler import TrajectoryAssembler
@@ -27,7 +26,7 @@ from consumers.builtin import build_processor
 from consumers.config import ConsumersConfig, RuntimeConfig
 from consumers.runtime import ConsumerRuntime, read_topic
 from consumers.samples import SampleBuilderConfig
-from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
+from consumers.synthetic import SyntheticEpisode, interleaved, synthetic_episode
 from orchard.bus import Bus
 from orchard.codec import Codec
 from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
@@ -35,15 +34,6 @@ from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
 CODEC = Codec.default()
 REPO = Path(__file__).resolve().parents[2]
 ORCHARD = Path(sys.executable).parent / "orchard"
-
-
-def interleaved(episodes: list[SyntheticEpisode], window: int = 10, seed: int = 0) -> list[CapturedRecord]:
-    rng = np.random.default_rng(seed)
-    out: list[CapturedRecord] = []
-    for start in range(0, len(episodes), window):
-        wave = [r for e in episodes[start : start + window] for r in e.records]
-        out += [wave[i] for i in rng.permutation(len(wave))]
-    return out
 
 
 def cli_env(bus_config: BusConfig) -> dict[str, str]:
@@ -90,7 +80,7 @@ def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
     for topic in ("model-calls", "outcomes"):
         bus.create_topic(f"{namespace}.{topic}", 4)
     producer = bus.producer()
-    for record in interleaved(episodes):
+    for record in interleaved(episodes, window=10):
         producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
     producer.flush()
     producer.close()
@@ -151,7 +141,7 @@ def _assembled(bus: Bus, kafka: bool, namespace: str, episodes: list[SyntheticEp
     for topic in ("model-calls", "outcomes"):
         bus.create_topic(f"{namespace}.{topic}", 4)
     producer = bus.producer()
-    for record in interleaved(episodes):
+    for record in interleaved(episodes, window=10):
         producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
     producer.flush()
     producer.close()

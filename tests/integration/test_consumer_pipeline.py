@@ -11,14 +11,13 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from consumers.assembler import TrajectoryAssembler
 from consumers.config import AssemblerConfig, RuntimeConfig
 from consumers.replay import ReplayError, replay
 from consumers.runtime import ConsumerRuntime, read_topic
-from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
+from consumers.synthetic import CapturedRecord, interleaved, synthetic_episode
 from consumers.trajectory_records import trajectory_from_record
 from orchard.bus import Bus, Record
 from orchard.codec import Codec
@@ -39,16 +38,6 @@ class Reward(RewardPlugin):
     def score_step(self, step, trajectory):
         return float(len(step.completion_token_ids))
 '''
-
-
-def interleaved(episodes: list[SyntheticEpisode], window: int = 8, seed: int = 0) -> list[CapturedRecord]:
-    """Episodes in overlapping waves, records shuffled within each wave (calls after their outcome, too)."""
-    rng = np.random.default_rng(seed)
-    out: list[CapturedRecord] = []
-    for start in range(0, len(episodes), window):
-        wave = [r for e in episodes[start : start + window] for r in e.records]
-        out += [wave[i] for i in rng.permutation(len(wave))]
-    return out
 
 
 def publish(bus: Bus, namespace: str, records: list[CapturedRecord], extra: list[tuple[str, bytes]] = ()) -> None:
