@@ -168,15 +168,8 @@ def test_written_demonstrations_are_loadable_plans_with_a_summary_line_each(tmp_
         assert ScriptedPlan.from_file(tmp_path / "demos" / "plans" / f"{demo.episode_id}.yaml") == demo.plan
 
 
-def test_the_recipe_lists_the_five_stages_and_valid_task_options_with_at_least_200_held_out_tasks() -> None:
+def test_the_recipe_records_valid_task_options_with_at_least_200_held_out_tasks_and_valid_expert_options() -> None:
     recipe = yaml.safe_load((Path(GRADE_SCRIPT).parent / "recipe.yaml").read_text())
-    assert [stage["name"] for stage in recipe["stages"]] == [
-        "sft-successful",
-        "credit-sft",
-        "rl-bar",
-        "dense",
-        "rerank",
-    ]
     options = {k: v for k, v in recipe["tasks"].items() if k not in ("generator", "dir")}
     assert LookupConfig(**options).eval_tasks >= 200
     assert ExpertConfig(**{k: v for k, v in recipe["expert"].items() if k not in ("module", "episodes_per_task")})

@@ -1,0 +1,61 @@
+"""The setup stage of the file-lookup recipe: the task splits and the expert's demonstration plans, in one command.
+
+``python -m recipes.file_lookup.setup RUN_DIR [--train-tasks 1000] [--eval-tasks 256] [--seed 0]
+[--episodes-per-task 1] [--imperfect-fraction 0.3] [--expert-seed 0] [--files-per-task 3] [--keys-per-file 2]
+[--max-steps 6]`` writes ``RUN_DIR/tasks/{train,eval}/`` and ``RUN_DIR/tasks/manifest.json`` (``generate``) and
+``RUN_DIR/demos/plans/*.yaml`` + ``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the train split).
+
+It is idempotent, so a restarted or resumed stage does not fail on its own output: tasks already generated with the
+same options are kept (other options: an error naming the manifest), and the plans are rewritten (they are a pure
+function of the tasks and the expert's options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchard.logging import get_logger
+from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
+from recipes.file_lookup.generate import LookupConfig, generate
+
+log = get_logger("recipes.file_lookup.setup")
+TASKS_DIR = "tasks"
+DEMOS_DIR = "demos"
+
+
+def setup(run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_per_task: int = 1) -> tuple[Path, Path]:
+    """Write the tasks and the demonstration plans under ``run_dir``; return (tasks dir, demos dir)."""
+    tasks, demos = run_dir / TASKS_DIR, run_dir / DEMOS_DIR
+    manifest = tasks / "manifest.json"
+    if manifest.is_file():
+        written = json.loads(manifest.read_text())["config"]
+        if written != lookup.model_dump():
+            raise ValueError(f"{manifest} was generated with other options ({written}); use another run directory")
+        log.info("tasks already generated, kept", tasks=str(tasks))
+    else:
+        generate(lookup, tasks, overwrite=True)  # a crash before the manifest leaves a partial tree: start over
+    write_demonstrations(tasks / "train", demos, Expert(expert), episodes_per_task)
+    return tasks, demos
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.file_lookup.setup RUN_DIR [options]``."""
+    parser = argparse.ArgumentParser(prog="python -m recipes.file_lookup.setup", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path, help="The run directory (tasks/ and demos/ are written in it).")
+    for name, field in LookupConfig.model_fields.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+    parser.add_argument("--episodes-per-task", type=int, default=1, help="Demonstrations per train task.")
+    parser.add_argument("--imperfect-fraction", type=float, default=ExpertConfig().imperfect_fraction)
+    parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the expert's choice of kinds.")
+    args = parser.parse_args(argv)
+    fields = {name: getattr(args, name) for name in LookupConfig.model_fields if getattr(args, name) is not None}
+    expert = ExpertConfig(seed=args.expert_seed, imperfect_fraction=args.imperfect_fraction)
+    setup(args.run_dir, LookupConfig(**fields), expert, args.episodes_per_task)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""The file-lookup recipe as ``orchard run`` reads it: a valid RunConfig whose stages, commands, trainer overrides and
+sample-builder settings are consistent with each other and with the recorded task and expert options; the setup
+command writes the tasks and plans and can run again on its own output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import TypeAdapter
+
+from consumers.samples import SampleBuilderConfig
+from orchard.run.commands import component_command
+from orchard.run.config import (
+    CommandComponent,
+    ConsumerComponent,
+    EnvComponent,
+    PolicyTrainerComponent,
+    RunConfig,
+    load_run_config,
+)
+from recipes.file_lookup.evaluate import main as evaluate_main
+from recipes.file_lookup.expert import ExpertConfig
+from recipes.file_lookup.generate import LookupConfig
+from recipes.file_lookup.setup import setup
+from trainers.config import load_trainer_config
+
+RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup" / "recipe.yaml"
+
+
+@pytest.fixture(scope="module")
+def recipe() -> RunConfig:
+    return load_run_config(RECIPE)
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(RECIPE.read_text())
+    return data
+
+
+def options(words: list[str]) -> dict[str, str]:
+    """``--flag value`` pairs of a command line."""
+    return {word[2:].replace("-", "_"): words[i + 1] for i, word in enumerate(words) if word.startswith("--")}
+
+
+def test_the_recipe_validates_and_runs_setup_demos_two_sft_stages_each_with_a_held_out_evaluation(
+    recipe: RunConfig,
+) -> None:
+    assert [stage.name for stage in recipe.stages] == [
+        "setup", "demos", "sft-successful", "eval-sft-successful", "credit-sft", "eval-credit-sft", "report",
+    ]  # fmt: skip
+    assert recipe.recipe == "file_lookup" and recipe.harness == "builtin"
+
+
+def test_the_setup_command_generates_exactly_the_recorded_task_and_expert_options(
+    recipe: RunConfig, raw: dict[str, Any]
+) -> None:
+    spec = recipe.components["setup"]
+    assert isinstance(spec, CommandComponent)
+    assert spec.run[:3] == ["python", "-m", "recipes.file_lookup.setup"]
+    given = options(spec.run)
+    tasks = {k: v for k, v in raw["tasks"].items() if k not in ("generator", "dir")}
+    assert LookupConfig(**{k: given[k] for k in LookupConfig.model_fields if k in given}) == LookupConfig(**tasks)
+    assert LookupConfig(**tasks).eval_tasks >= 200
+    expert = raw["expert"]
+    assert (float(given["imperfect_fraction"]), int(given["expert_seed"]), int(given["episodes_per_task"])) == (
+        expert["imperfect_fraction"], expert["seed"], expert["episodes_per_task"],
+    )  # fmt: skip
+    demos = next(stage for stage in recipe.stages if stage.name == "demos")
+    assert demos.until is not None and demos.until.count == tasks["train_tasks"] * expert["episodes_per_task"]
+
+
+def test_the_eval_env_serves_the_held_out_split_and_both_evaluations_go_through_it_to_the_reloading_engine(
+    recipe: RunConfig, tmp_path: Path
+) -> None:
+    eval_env, train_env = recipe.components["eval-env"], recipe.components["env"]
+    assert isinstance(eval_env, EnvComponent) and isinstance(train_env, EnvComponent)
+    assert (str(eval_env.tasks), str(train_env.tasks)) == ("{run_dir}/tasks/eval", "{run_dir}/tasks/train")
+    assert eval_env.proxy == "policy-proxy" and recipe.components["policy-proxy"].backend == "engine"  # type: ignore[union-attr]
+    engine = recipe.components["engine"]
+    assert engine.reload  # type: ignore[union-attr]
+    for stage in ("sft-successful", "credit-sft"):
+        assert recipe.dependencies(f"eval-{stage}") == ["eval-env"]
+        command = component_command(f"eval-{stage}", recipe.components[f"eval-{stage}"], recipe, tmp_path)
+        inner = command[command.index("--") + 1 :]
+        assert inner[:2] == ["orchard", "eval"]
+        given = options(inner)
+        assert (given["tasks"], given["stage"], given["run_dir"]) == (f"{tmp_path}/tasks/eval", stage, str(tmp_path))
+        assert given["env"] == f"http://127.0.0.1:{eval_env.port}"
+        assert options(command[: command.index("--")])["engine"] == f"http://127.0.0.1:{engine.listen_port()}"
+
+
+def test_both_trainers_resolve_to_sft_on_the_engines_model_the_credit_one_resuming_the_first(
+    recipe: RunConfig, tmp_path: Path
+) -> None:
+    configs = {}
+    for name in ("trainer", "trainer-credit"):
+        spec = recipe.components[name]
+        assert isinstance(spec, PolicyTrainerComponent)
+        configs[name] = load_trainer_config(None, [item.replace("{run_dir}", str(tmp_path)) for item in spec.set])
+    first, credit = configs["trainer"], configs["trainer-credit"]
+    assert first.loss.kind == credit.loss.kind == "sft"
+    assert first.model == credit.model and first.model.name == recipe.components["engine"].model  # type: ignore[union-attr]
+    # same run, model name and consumer group: the credit trainer restores the first one's checkpoint
+    assert (first.model_name, first.group_id) == (credit.model_name, credit.group_id)
+    assert first.max_steps is not None and credit.max_steps is not None and credit.max_steps > first.max_steps
+    assert first.idle_exit_s is not None and credit.idle_exit_s is not None
+
+
+def builder_config(spec: ConsumerComponent) -> SampleBuilderConfig:
+    """The sample builder's settings from the component's ORCHARD_CONSUMERS__SAMPLE_BUILDER__* variables."""
+    prefix = "ORCHARD_CONSUMERS__SAMPLE_BUILDER__"
+    data: dict[str, Any] = {}
+    for key, value in spec.env.items():
+        assert key.startswith(prefix), key
+        *parents, leaf = key[len(prefix) :].lower().split("__")
+        node = data
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = json.loads(value) if value[:1] in "[{" else value
+    return TypeAdapter(SampleBuilderConfig).validate_python(data)
+
+
+def test_the_builders_make_sft_on_successful_demos_only_and_credit_sft_on_all_with_the_progress_signal(
+    recipe: RunConfig,
+) -> None:
+    sft, credit = recipe.components["builder-sft"], recipe.components["builder-credit"]
+    assert isinstance(sft, ConsumerComponent) and isinstance(credit, ConsumerComponent)
+    assert sft.group != credit.group  # each reads every trajectory
+    sft_config, credit_config = builder_config(sft), builder_config(credit)
+    assert (sft_config.kinds, sft_config.sft_successful_only) == (["SFT"], True)
+    assert (credit_config.kinds, credit_config.sft_successful_only) == (["SFT"], False)
+    assert credit_config.credit.progress_signals == ["progress"]
+    stages = {stage.name: stage for stage in recipe.stages}
+    assert "builder-sft" in stages["demos"].components and "builder-sft" in stages["sft-successful"].stop
+    assert "builder-credit" in stages["credit-sft"].components and "builder-credit" in stages["credit-sft"].stop
+
+
+def test_setup_writes_tasks_and_plans_and_a_second_run_keeps_the_tasks(tmp_path: Path) -> None:
+    lookup = LookupConfig(train_tasks=3, eval_tasks=2)
+    tasks, demos = setup(tmp_path, lookup, ExpertConfig(imperfect_fraction=0.0))
+    assert sorted(p.name for p in (tasks / "train").iterdir()) == [f"file-lookup-train-{i:05d}" for i in range(3)]
+    assert len((demos / "demonstrations.jsonl").read_text().splitlines()) == 3
+    before = (tasks / "manifest.json").stat().st_mtime_ns
+    setup(tmp_path, lookup, ExpertConfig(imperfect_fraction=0.0))
+    assert (tasks / "manifest.json").stat().st_mtime_ns == before
+    with pytest.raises(ValueError, match="other options"):
+        setup(tmp_path, lookup.model_copy(update={"eval_tasks": 5}), ExpertConfig())
+
+
+def test_the_evaluation_wrapper_refuses_to_run_without_a_command(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        evaluate_main(["--engine", "http://127.0.0.1:9", "--run-dir", str(tmp_path), "--"])
