@@ -8,6 +8,11 @@ manifest is written last (``orchard.store.versions``), so a checkpoint exists co
 The offsets are, per topic partition, the next offset *after the last record that went into an optimizer step*
 (records still buffered for a later step are not covered). A restarted trainer loads the newest checkpoint and seeks
 its consumer to those offsets: nothing is trained twice, nothing skipped.
+
+A trainer with ``epochs > 1`` also records the pass it is in (``epoch``, from 0), the offsets its stage started from
+(``epoch_start``, where each pass seeks back to) and, from the second pass on, the offsets the first pass ended at
+(``epoch_end``): a restart mid-pass resumes that pass where it was. Between stages (a single-pass trainer, or a
+finished multi-pass one) these are ``0, None, None``, so the next trainer starts its own stage at ``offsets``.
 """
 
 from __future__ import annotations
@@ -50,19 +55,29 @@ class TrainerState:
     counters: dict[str, float] = field(default_factory=dict)
     python_rng: Any = None
     numpy_rng: Any = None
+    epoch: int = 0
+    epoch_start: Offsets | None = None
+    epoch_end: Offsets | None = None
 
     def to_json(self) -> bytes:
         """Serialise (partition keys become strings, as JSON requires)."""
         data = asdict(self)
-        data["offsets"] = {t: {str(p): o for p, o in parts.items()} for t, parts in self.offsets.items()}
+        for key in _OFFSET_FIELDS:
+            if data[key] is not None:
+                data[key] = {t: {str(p): o for p, o in parts.items()} for t, parts in data[key].items()}
         return json.dumps(data, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> TrainerState:
-        """Parse what ``to_json`` wrote."""
+        """Parse what ``to_json`` wrote (a checkpoint from before ``epoch`` existed reads as pass 0)."""
         data = json.loads(raw)
-        data["offsets"] = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data["offsets"].items()}
+        for key in _OFFSET_FIELDS:
+            if data.get(key) is not None:
+                data[key] = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data[key].items()}
         return cls(**data)
+
+
+_OFFSET_FIELDS = ("offsets", "epoch_start", "epoch_end")
 
 
 @dataclass

@@ -123,6 +123,12 @@ class PolicyTrainerConfig(_Strict):
     publish_on_exit: bool = Field(True, description="Publish and checkpoint once more when the run ends.")
 
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None: run on).")
+    epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over the stage's samples: after the first (ended by idle_exit_s), seek back to where the "
+        "stage started and train the same records again, up to this many passes in all.",
+    )
     idle_flush_s: float = Field(
         5.0, ge=0.0, description="Train a partial step once no sample arrived for this long (the stream is idle)."
     )
@@ -143,6 +149,10 @@ class PolicyTrainerConfig(_Strict):
     def _check_combinations(self) -> PolicyTrainerConfig:
         if self.backend == "deepspeed" and self.compile:
             raise ValueError("compile: torch.compile is configured through deepspeed_config with the deepspeed backend")
+        if self.epochs > 1 and self.idle_exit_s is None:
+            raise ValueError(
+                f"epochs: {self.epochs} passes need idle_exit_s, which ends the first pass (the stage's samples)"
+            )
         return self
 
     @property

@@ -20,6 +20,14 @@ was polled; the checkpoint stores the offset after that prefix. Bitwise reproduc
 ``deterministic`` on CPU) also needs the records to arrive in the same order, which holds within a partition: a
 multi-partition topic interleaves partitions by timing.
 
+Epochs: with ``epochs > 1`` the first pass ends like a single-pass run (the stream idle for ``idle_exit_s``, nothing
+queued); the trainer then records where it ended, seeks its consumer back to the offsets the stage started from and
+trains the same records again (records past the first pass's end are left for the next stage), until ``epochs``
+passes are done or ``max_steps`` is reached. A replayed pass flushes its last partial step as soon as every record of
+the pass is queued. The pass, the stage's start and the first pass's end are in the checkpoint, so a restart mid-pass
+resumes that pass; a stage that is over checkpoints as "between stages" (pass 0 from its end offsets), which is where
+the next stage's trainer (same run and model name) starts.
+
 A version re-published after a crash (the previous process published it after its last checkpoint) already exists
 in the store: the trainer keeps the stored files and announces the version again (engines ignore versions that are
 not newer than the one they serve).
@@ -46,6 +54,7 @@ from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
 from orchard.logging import get_logger
+from orchard.serialization_errors import SerializationError
 from orchard.store import ArtifactStore, open_store
 from orchard.store.versions import manifest_key
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
@@ -91,6 +100,8 @@ class RunSummary:
     resumed_from_step: int | None = None
     published: list[int] = field(default_factory=list)
     offsets: Offsets = field(default_factory=dict)
+    epochs: int = 0
+    """Passes over the stage's samples this process completed."""
 
 
 class PolicyTrainer:
@@ -126,6 +137,10 @@ class PolicyTrainer:
         self.step = 0
         self.policy_version = config.initial_version
         self.consumed: Offsets = {}
+        self.epoch = 0  # the pass over the stage's samples, from 0
+        self.epoch_start: Offsets = {}  # where the stage started: each pass seeks back here
+        self.epoch_end: Offsets | None = None  # where the first pass ended (known from the second pass on)
+        self._stage_done = False
         self.summary = RunSummary(policy_version=self.policy_version)
         self._queue: deque[_Queued] = deque()
         self._last_published_step = 0
@@ -156,26 +171,46 @@ class PolicyTrainer:
 
     def _loop(self, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
         last_arrival = time.monotonic()
-        while not self._reached_max_steps():
+        while not self._reached_max_steps() and not self._stage_done:
+            if self._replay_complete():  # restored at the very end of a replayed pass
+                self._next_epoch(consumer)
+                continue
             records = consumer.poll(max_records=256, timeout_s=self.config.poll_timeout_s)
             if records:
                 last_arrival = time.monotonic()
                 self._enqueue(records, router)
-            while not self._reached_max_steps() and (step := self._form_step(full_only=True)) is not None:
+            while not self._done() and (step := self._form_step(full_only=True)) is not None:
                 self._run_step(step, consumer, producer, router)
-            idle = time.monotonic() - last_arrival
-            if not records and self._queue and idle >= self.config.idle_flush_s:
+            while not self._done() and self._queue and self._replay_fully_queued():
                 step = self._form_step(full_only=False)
                 if step is not None:
                     self._run_step(step, consumer, producer, router)
-            if self.config.idle_exit_s is not None and not self._queue and idle >= self.config.idle_exit_s:
-                log.info("stream idle, exiting", idle_s=round(idle, 1), step=self.step)
-                return
+            idle = time.monotonic() - last_arrival
+            if not self._done() and not records and self._queue and idle >= self.config.idle_flush_s:
+                step = self._form_step(full_only=False)
+                if step is not None:
+                    self._run_step(step, consumer, producer, router)
+            idle_exit = self.config.idle_exit_s
+            if self.epoch == 0 and idle_exit is not None and not self._queue and idle >= idle_exit:
+                if self.config.epochs == 1:
+                    log.info("stream idle, exiting", idle_s=round(idle, 1), step=self.step)
+                    return
+                log.info("stream idle, first pass done", idle_s=round(idle, 1), step=self.step)
+                self._next_epoch(consumer)
+                last_arrival = time.monotonic()
+
+    def _done(self) -> bool:
+        return self._stage_done or self._reached_max_steps()
 
     def _run_step(self, step: _Step, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
         if step.samples:
             self._train(step)
         self._mark_consumed(step.consumed)
+        # the pass's or stage's end is settled before the checkpoint of this step, which must record it
+        if self._replay_complete():
+            self._next_epoch(consumer)
+        if self._reached_max_steps() and self.config.epochs > 1:
+            self._end_stage()
         if not step.samples:
             return
         if self.step % self.config.publish_every == 0:
@@ -193,6 +228,60 @@ class PolicyTrainer:
 
     def _reached_max_steps(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
+
+    # ------------------------------------------------------------------------------------------------ epochs
+
+    def _replay_complete(self) -> bool:
+        """A replayed pass has trained every record up to where the first pass ended."""
+        if self.epoch == 0 or self.epoch_end is None or self._queue:
+            return False
+        return all(
+            self._consumed_at(topic, partition) >= end
+            for topic, parts in self.epoch_end.items()
+            for partition, end in parts.items()
+        )
+
+    def _replay_fully_queued(self) -> bool:
+        """Every record of a replayed pass is queued: its last partial step need not wait for the idle flush."""
+        if self.epoch == 0 or self.epoch_end is None:
+            return False
+        queued: dict[TopicPartition, int] = {}
+        for item in self._queue:
+            queued[item.tp] = max(queued.get(item.tp, 0), item.offset + 1)
+        return all(
+            queued.get(TopicPartition(topic, partition), self._consumed_at(topic, partition)) >= end
+            for topic, parts in self.epoch_end.items()
+            for partition, end in parts.items()
+        )
+
+    def _consumed_at(self, topic: str, partition: int) -> int:
+        return self.consumed.get(topic, {}).get(partition, self.epoch_start.get(topic, {}).get(partition, 0))
+
+    def _next_epoch(self, consumer: Consumer) -> None:
+        """End the current pass: seek back to the stage's start for the next one, or end the stage."""
+        self.epoch += 1
+        self.summary.epochs += 1
+        if self.epoch >= self.config.epochs:
+            log.info("last pass done", epochs=self.config.epochs, step=self.step)
+            self._end_stage()
+            return
+        if self.epoch_end is None:
+            self.epoch_end = _copy(self.consumed)
+        self._queue.clear()  # empty at a pass's end; records past epoch_end are never queued in a replay
+        for topic, parts in self.epoch_start.items():
+            for partition, offset in parts.items():
+                consumer.seek(TopicPartition(topic, partition), offset)
+                self.consumed.setdefault(topic, {})[partition] = offset
+        log.info("pass over the stage's samples", epoch=self.epoch, of=self.config.epochs, start=self.epoch_start)
+
+    def _end_stage(self) -> None:
+        """The stage is over: offsets at the first pass's end, and the state reads "pass 0 of the next stage"."""
+        for topic, parts in (self.epoch_end or {}).items():
+            for partition, end in parts.items():
+                mine = self.consumed.setdefault(topic, {})
+                mine[partition] = max(mine.get(partition, 0), end)
+        self.epoch, self.epoch_start, self.epoch_end = 0, _copy(self.consumed), None
+        self._stage_done = True
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -236,6 +325,10 @@ class PolicyTrainer:
         restore_rng(checkpoint.tensors, checkpoint.state.python_rng, checkpoint.state.numpy_rng)
         state = checkpoint.state
         self.step, self.policy_version, self.consumed = state.step, state.policy_version, state.offsets
+        if self.config.epochs > 1:  # a checkpoint between stages (or older than epochs) starts a stage here
+            self.epoch = state.epoch
+            self.epoch_start = _copy(state.epoch_start if state.epoch_start is not None else state.offsets)
+            self.epoch_end = _copy(state.epoch_end) if state.epoch_end is not None else None
         self._last_published_step = self._last_checkpoint_step = state.step
         self.summary = RunSummary(
             steps=state.step,
@@ -248,15 +341,22 @@ class PolicyTrainer:
         for topic, partitions in state.offsets.items():
             for partition, offset in partitions.items():
                 consumer.seek(TopicPartition(topic, partition), offset)
-        log.info("resumed", step=self.step, policy_version=self.policy_version, offsets=self.consumed)
+        log.info("resumed", step=self.step, policy_version=self.policy_version, offsets=self.consumed, epoch=self.epoch)
 
     # ------------------------------------------------------------------------------------------------ input
 
     def _enqueue(self, records: list[Record], router: DeadLetterRouter) -> None:
         for record in records:
-            self._queue.append(_Queued(record.topic_partition, record.offset, self._sample(record, router)))
+            tp = record.topic_partition
+            if self.epoch == 0:
+                self.epoch_start.setdefault(tp.topic, {}).setdefault(tp.partition, record.offset)
+            elif self.epoch_end is not None and record.offset >= self.epoch_end.get(tp.topic, {}).get(tp.partition, 0):
+                continue  # arrived after the first pass: the next stage's
+            self._queue.append(_Queued(tp, record.offset, self._sample(record, router)))
 
     def _sample(self, record: Record, router: DeadLetterRouter) -> Sample | None:
+        if self.epoch > 0:
+            return self._replayed_sample(record)
         decoded = router.decode(record, "TrainingSample")
         if decoded is None:
             self.metrics.count("samples_skipped")
@@ -276,6 +376,17 @@ class PolicyTrainer:
         log.warning("sample skipped", sample_id=fields["sample_id"], reason=reason, offset=record.offset)
         self.metrics.count("samples_skipped")
         return None
+
+    def _replayed_sample(self, record: Record) -> Sample | None:
+        """A record of a replayed pass: skipped quietly if the first pass skipped it (letter, count and log done)."""
+        try:
+            decoded = self.codec.decode(record.value)
+            if decoded.name != "TrainingSample" or self._skip_reason(decoded.record) is not None:
+                return None
+            sample = sample_from_record(decoded.record)
+        except (SerializationError, InvalidSampleError):
+            return None
+        return sample if self._shape_problem(sample) is None else None
 
     def _shape_problem(self, sample: Sample) -> str | None:
         if self.max_sample_tokens is not None and sample.num_tokens > self.max_sample_tokens:
@@ -461,6 +572,9 @@ class PolicyTrainer:
         rng_tensors, python_rng, numpy_rng = capture_rng()
         counters = {"samples": float(self.summary.samples), "tokens": float(self.summary.tokens)}
         state = TrainerState(self.step, self.policy_version, _copy(self.consumed), counters, python_rng, numpy_rng)
+        if self.config.epochs > 1 and not self._stage_done:
+            state.epoch, state.epoch_start = self.epoch, _copy(self.epoch_start)
+            state.epoch_end = _copy(self.epoch_end) if self.epoch_end is not None else None
         if self.checkpoints.save({**self.backend.state_tensors(), **rng_tensors}, state):
             self.metrics.count("checkpoints")
         self._last_checkpoint_step = self.step
@@ -471,8 +585,10 @@ class PolicyTrainer:
         """Commit the group's offsets when they equal the checkpoint's (nothing polled is still queued).
 
         The checkpoint is the record of what was trained; the group's offsets only show the lag to monitoring, so
-        they are never moved past it.
+        they are never moved past it; nor back during a replayed pass.
         """
+        if self.epoch > 0:
+            return
         position = consumer.position()
         checkpointed = {TopicPartition(t, p): o for t, parts in self.consumed.items() for p, o in parts.items()}
         if all(checkpointed.get(tp, -1) == offset for tp, offset in position.items()):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from orchard.run.config import (
     RUN_DIR,
+    URL_PLACEHOLDER,
     CommandComponent,
     ComponentSpec,
     ConsumerComponent,
@@ -41,13 +42,21 @@ def base_url(config: RunConfig, value: str, suffix: str = "") -> str:
     return f"http://{host}:{spec.listen_port()}{suffix}"
 
 
+def expand_urls(words: list[str], config: RunConfig) -> list[str]:
+    """``words`` with every ``{url:NAME}`` replaced by the base URL of component NAME (``base_url``)."""
+    return [URL_PLACEHOLDER.sub(lambda match: base_url(config, match.group(1)), word) for word in words]
+
+
 def component_command(name: str, spec: ComponentSpec, config: RunConfig, run_dir: Path) -> list[str]:
-    """The whole command line of component ``name``, ``{run_dir}`` replaced by the run directory."""
+    """The whole command line of component ``name``, ``{run_dir}`` replaced by the run directory.
+
+    A command component's ``{url:NAME}`` placeholders become the URLs of the components they name.
+    """
     root = str(run_dir.resolve())
     if isinstance(spec, CommandComponent):
-        first, *rest = spec.run
+        first, *rest = expand_urls(spec.run, config)
         head = {"orchard": orchard_executable(), "python": [sys.executable]}.get(first, [first])
-        command = [*head, *rest, *spec.args]
+        command = [*head, *rest, *expand_urls(spec.args, config)]
     else:
         command = [*orchard_executable(), *component_args(name, spec, config, run_dir)]
     return [word.replace(RUN_DIR, root) for word in command]
@@ -91,5 +100,5 @@ def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: P
             args += ["--episodes", str(spec.episodes)] if spec.episodes else []
             args += ["--episode-timeout", str(spec.episode_timeout_s)] if spec.episode_timeout_s else []
         case CommandComponent():
-            return [*spec.run, *spec.args]
+            return expand_urls([*spec.run, *spec.args], config)
     return [*args, *spec.args]

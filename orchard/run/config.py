@@ -32,6 +32,8 @@ from orchard.exceptions import ConfigError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _NAME = re.compile(NAME_PATTERN)
+URL_PLACEHOLDER = re.compile(r"\{url:([^{}]*)\}")
+"""``{url:NAME}`` in a command component's words: the base URL of server component NAME (``http://host:port``)."""
 
 
 class _Strict(BaseModel):
@@ -211,13 +213,24 @@ class CommandComponent(_Component):
     """Any command: a one-shot step (generate data, ``orchard eval``) or a server of the recipe's own (``port``).
 
     In ``run``, a first word ``orchard`` or ``python`` means this environment's ``orchard`` and interpreter, and
-    ``{run_dir}`` / ``{recipe_dir}`` in any word become the run directory and the recipe's directory.
+    ``{run_dir}`` / ``{recipe_dir}`` in any word become the run directory and the recipe's directory. ``{url:NAME}``
+    in ``run`` or ``args`` becomes the base URL of server component NAME, which is then a dependency (like ``after``).
     """
 
     kind: Literal["command"]
     run: list[str] = Field(..., min_length=1, description="The command line, one word per item (no shell).")
     host: str = Field("127.0.0.1", min_length=1, description="Where the server listens (with port).")
     port: int | None = Field(None, ge=1, le=65535, description="A server's port: probed by health, checked unique.")
+
+    def url_placeholders(self) -> dict[str, list[str]]:
+        """Component names of the ``{url:NAME}`` placeholders, per field (``run``, ``args``), in order."""
+        found = {field: [m for word in words for m in URL_PLACEHOLDER.findall(word)]
+                 for field, words in (("run", self.run), ("args", self.args))}  # fmt: skip
+        return {field: names for field, names in found.items() if names}
+
+    def references(self) -> list[str]:
+        """The components named by ``{url:NAME}`` placeholders."""
+        return list(dict.fromkeys(name for names in self.url_placeholders().values() for name in names))
 
     def default_health(self) -> HealthCheck:
         """``/healthz`` for a server, else "still alive after 1 s"."""
@@ -320,6 +333,8 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _references(self) -> RunConfig:
         for name, spec in self.components.items():
+            if isinstance(spec, CommandComponent):
+                self._check_url_placeholders(name, spec)
             for ref in [*spec.after, *spec.references()]:
                 if ref not in self.components or ref == name:
                     raise ValueError(f"components.{name}: {ref!r} is not another component of this recipe")
@@ -345,6 +360,19 @@ class RunConfig(_Strict):
                 ports[port] = name
         self.start_order()  # raises on a cycle
         return self
+
+    def _check_url_placeholders(self, name: str, spec: CommandComponent) -> None:
+        for field, refs in spec.url_placeholders().items():
+            for ref in refs:
+                target = self.components.get(ref)
+                if target is None or ref == name:
+                    problem = "names no other component of this recipe"
+                    raise ValueError(f"components.{name}.{field}: {{url:{ref}}} {problem}")
+                if target.listen_port() is None:
+                    raise ValueError(
+                        f"components.{name}.{field}: {{url:{ref}}} names component {ref!r}, which is not a server "
+                        f"(a {target.kind} component without a port has no URL)"
+                    )
 
     def stage_exits(self, stage: StageConfig) -> list[str]:
         """The components whose exit ends ``stage``: ``until.exits``, else its rollout and command components."""

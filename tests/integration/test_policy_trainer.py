@@ -315,3 +315,67 @@ def test_trainer_consumes_samples_from_kafka_and_publishes_a_version_to_s3(
     assert versions == [1]
     assert checkpoint is not None and checkpoint.state.offsets == {topic: {0: 6}}
     assert [(r["version"], r["trainer_step"], r["uri"].startswith("s3://")) for r in announced] == [(1, 1, True)]
+
+
+# ---------------------------------------------------------------------------------------------------- epochs
+def test_with_two_epochs_the_trainer_takes_twice_the_steps_over_the_same_samples(tmp_path: Path) -> None:
+    orchard = _orchard(tmp_path)
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(10, run_id="r1", vocab_size=TINY_VOCAB, lengths=(40,)))
+    config = _trainer_config(tmp_path, batch_tokens=160, epochs=2, checkpoint_every=100)  # 4 samples a step
+    summary = PolicyTrainer(config, orchard).run()
+
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["samples"] for m in metrics] == [4, 4, 2, 4, 4, 2]  # the replay flushes its last step at its end
+    assert (summary.steps, summary.samples, summary.epochs, summary.offsets) == (6, 20, 2, {"samples": {0: 10}})
+    store = open_store(orchard.store)
+    end = CheckpointStore(store, "r1", "policy", tmp_path / "scratch").load_latest()
+    assert end is not None  # between stages: the next trainer starts its own stage at the offsets
+    assert (end.state.step, end.state.epoch, end.state.epoch_start, end.state.epoch_end) == (6, 0, None, None)
+
+    # the next stage (same run and model name) resumes there and passes twice over its own samples only
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(4, run_id="r1", vocab_size=TINY_VOCAB, lengths=(40,), seed=9))
+    summary = PolicyTrainer(config.model_copy(update={"run_dir": tmp_path / "run2"}), orchard, store=store).run()
+    assert (summary.resumed_from_step, summary.steps, summary.samples) == (6, 8, 20 + 8)  # counters carry on
+    assert (summary.epochs, summary.offsets) == (2, {"samples": {0: 14}})
+
+
+class _Crash(Exception):
+    """Stands for the process dying in the middle of a step."""
+
+
+def test_a_trainer_stopped_in_a_replayed_epoch_resumes_that_epoch_and_ends_with_the_same_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = synthetic_stream(10, run_id="r1", vocab_size=TINY_VOCAB, lengths=(40,), seed=2)
+    settings = {"batch_tokens": 160, "epochs": 3, "checkpoint_every": 1, "model": {"type": "tiny", "name": MODEL}}
+    ends = {}
+    for name in ("uninterrupted", "crashed"):
+        root = tmp_path / name
+        orchard = _orchard(root)
+        with open_bus(orchard.bus) as bus:
+            produce_samples(bus, "samples", stream)
+        config = _trainer_config(root, **settings)
+        if name == "crashed":
+
+            def crash_at_step_5(self: PolicyTrainer, step: Any, train: Any = PolicyTrainer._train) -> None:
+                if self.step == 4:  # epoch 1 (steps 4-6), after its first step's checkpoint
+                    raise _Crash
+                train(self, step)
+
+            monkeypatch.setattr(PolicyTrainer, "_train", crash_at_step_5)
+            with pytest.raises(_Crash):
+                PolicyTrainer(config, orchard).run()
+            monkeypatch.undo()
+            saved = CheckpointStore(open_store(orchard.store), "r1", "policy", tmp_path / "s").load_latest()
+            assert saved is not None
+            assert (saved.state.step, saved.state.epoch, saved.state.offsets) == (4, 1, {"samples": {0: 4}})
+            assert (saved.state.epoch_start, saved.state.epoch_end) == ({"samples": {0: 0}}, {"samples": {0: 10}})
+        summary = PolicyTrainer(config, orchard).run()
+        assert (summary.steps, summary.offsets) == (9, {"samples": {0: 10}})
+        end = CheckpointStore(open_store(orchard.store), "r1", "policy", tmp_path / "s").load_latest()
+        assert end is not None and (end.state.step, end.state.epoch) == (9, 0)
+        ends[name] = end.tensors["model"]
+    for key, tensor in ends["uninterrupted"].items():
+        assert torch.equal(ends["crashed"][key], tensor), key
