@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from orchard.cli import train_value
 from orchard.cli.common import console, state
 
 app = typer.Typer(help="Trainers: policy and value models.", no_args_is_help=True)
@@ -41,10 +42,4 @@ def policy(
     )
 
 
-def _register_value_trainer() -> None:
-    from orchard.cli.train_value import value
-
-    app.command("value")(value)
-
-
-_register_value_trainer()
+app.command("value")(train_value.value)

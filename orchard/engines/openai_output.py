@@ -22,6 +22,7 @@ from typing import Any
 
 from orchard.engines.batching import Completion, FinishEvent, GenerationHandle
 from orchard.engines.openai_requests import CompletionRequest, PromptRequest
+from orchard.engines.responses_events import function_call_events, message_done_events
 from orchard.engines.token_trace import TokenTrace
 from orchard.engines.tool_parsing import ParsedOutput, ToolCallStreamFilter, parse_tool_calls
 
@@ -207,7 +208,7 @@ async def response_events(reply: Reply, handle: GenerationHandle) -> AsyncIterat
                     yield out
             for index, item in enumerate(items):
                 if item["type"] == "function_call":
-                    for out in _function_events(index, item):
+                    for out in function_call_events(index, item):
                         yield out
             yield {"type": "response.completed", "response": response_object(reply, answer)}
 
@@ -237,30 +238,10 @@ class _StreamedMessage:
         return events
 
     def done(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        text = item["content"][0]["text"]
-        part = {"type": "output_text", "text": text, "annotations": []}
-        return [
-            {"type": "response.output_text.done", **self._where(), "text": text},
-            {"type": "response.content_part.done", **self._where(), "part": part},
-            {"type": "response.output_item.done", "output_index": 0, "item": item},
-        ]
+        return message_done_events(self.item_id, item)
 
     def _where(self) -> dict[str, Any]:
         return {"output_index": 0, "item_id": self.item_id, "content_index": 0}
-
-
-def _function_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
-    where = {"output_index": index, "item_id": item["id"]}
-    return [
-        {
-            "type": "response.output_item.added",
-            "output_index": index,
-            "item": item | {"arguments": "", "status": "in_progress"},
-        },
-        {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
-        {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
-        {"type": "response.output_item.done", "output_index": index, "item": item},
-    ]
 
 
 # ---------------------------------------------------------------------------------------------------- completions

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchard.engines.openai_requests import PromptRequest
+from orchard.engines.responses_events import function_call_events, message_done_events
 from orchard.engines.vllm_mapping import ChatAnswer, StreamAccumulator, read_chat_completion
 
 
@@ -134,30 +135,10 @@ class ResponseStreamMapper:
         answer = self.state.answer()
         items = output_items(answer, self.identity.id)
         if items[0]["type"] == "message":
-            text = items[0]["content"][0]["text"]
-            part = {"type": "output_text", "text": text, "annotations": []}
             events += self._text("", force=True)
-            events += [
-                {"type": "response.output_text.done", **self._where(), "text": text},
-                {"type": "response.content_part.done", **self._where(), "part": part},
-                {"type": "response.output_item.done", "output_index": 0, "item": items[0]},
-            ]
+            events += message_done_events(self._item_id, items[0])
         for index, item in enumerate(items):
             if item["type"] == "function_call":
-                events += _function_events(index, item)
+                events += function_call_events(index, item)
         events.append({"type": "response.completed", "response": response_object(self.request, self.identity, answer)})
         return events
-
-
-def _function_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
-    where = {"output_index": index, "item_id": item["id"]}
-    return [
-        {
-            "type": "response.output_item.added",
-            "output_index": index,
-            "item": item | {"arguments": "", "status": "in_progress"},
-        },
-        {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
-        {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
-        {"type": "response.output_item.done", "output_index": index, "item": item},
-    ]
