@@ -210,7 +210,15 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_ends_with_the_same_wei
     store = open_store(LocalStoreConfig(path=killed / "store"))
     checkpoints = CheckpointStore(store, "r1", "policy", tmp_path / "scratch")
     _wait(
-        lambda: store.latest_version(policy_artifact_name("r1", "policy")) == 3 or first.poll() is not None,
+        # version 3 both in the store and announced on the bus, so the kill lands after it and the restart
+        # (which resumes at the step-4 checkpoint) announces it a second time
+        lambda: (
+            (
+                store.latest_version(policy_artifact_name("r1", "policy")) == 3
+                and 3 in [r["version"] for r in _version_records(killed / "bus")]
+            )
+            or first.poll() is not None
+        ),
         120,
         "version 3 (step 6)",
     )
