@@ -4,7 +4,8 @@ Nothing can be downloaded from a model hub on the machines Orchard is developed 
 CPU demo and the engine benchmark use checkpoints built here, deterministically from a seed:
 
 - the **tokenizer** is a byte-level BPE trained by ``tokenizers`` on a small built-in corpus (English, JSON tool
-  calls, shell and Python; 420 tokens in all, so most words are a few pieces), with ChatML special tokens
+  calls, shell and Python, and the built-in agent's system prompt and tool list with the JSON of its tool calls and
+  results; ~660 tokens in all, so most words are a piece or two), with ChatML special tokens
   (``<|endoftext|>`` as padding, ``<|im_start|>``, ``<|im_end|>`` as end of turn) and two atomic, non-special tokens
   ``<tool_call>`` / ``</tool_call>`` that decode to text, so tool calls survive ``skip_special_tokens``;
 - the **chat template** (``TINY_CHAT_TEMPLATE``) renders the tool list into the system turn, an assistant's tool
@@ -19,6 +20,7 @@ weights and tokenizer files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -38,6 +40,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from orchard.harnesses.builtin_agent import SYSTEM_PROMPT as AGENT_SYSTEM_PROMPT
+from orchard.harnesses.builtin_agent import TOOLS as AGENT_TOOLS
 from orchard.logging import get_logger
 
 log = get_logger("engines.tiny")
@@ -108,6 +112,41 @@ Open the browser, search for the page, click the first link and read the title.
 0 1 2 3 4 5 6 7 8 9 10 100 1000 2024 3.14 -1 true false null
 """
 
+AGENT_CORPUS_REPEATS = 3
+"""The agent text is repeated so its words pass ``min_frequency`` and become whole tokens."""
+
+
+def _agent_corpus() -> str:
+    """What the built-in agent sends on every call: its system prompt, the tool list as the chat template renders it,
+    and the JSON of tool calls and results.
+
+    A tiny model learns from scratch; with this text in the tokenizer's corpus the agent's ~1,800-character preamble
+    is ~320 tokens instead of ~650, which halves the tokens of a CPU recipe's episode and shortens what attention
+    has to search through to find the instruction and the tool output.
+    """
+    tools = "\n".join(json.dumps(tool) for tool in AGENT_TOOLS)
+    lines = [
+        AGENT_SYSTEM_PROMPT,
+        f"# Tools\nYou may call one or more functions. Their signatures:\n<tools>\n{tools}\n</tools>",
+        'To call a function, reply with <tool_call>{"name": <function-name>, "arguments": <json-object>}</tool_call>.',
+        '{"name": "shell", "arguments": {"command": "cat notes.txt"}}',
+        '{"name": "submit", "arguments": {"summary": "done"}}',
+        '{"exit_code": 0, "output": "x: 1\\n"}',
+        '{"status": "submitted"}',
+        "Write the answer to answer.txt. echo 42 > answer.txt",
+        "<|im_start|>system\n<|im_start|>user\n<|im_start|>assistant\n<|im_start|>tool\n",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def tokenizer_corpus() -> str:
+    """The text the family's BPE is trained on (the general corpus, then the agent's text)."""
+    return _CORPUS + _agent_corpus() * AGENT_CORPUS_REPEATS
+
+
+TOKENIZER_REVISION = hashlib.sha256(tokenizer_corpus().encode()).hexdigest()[:8]
+"""Part of a cached checkpoint's directory name: a new corpus (a new tokenizer) never reuses an old build."""
+
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -148,7 +187,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
+    core.train_from_iterator(tokenizer_corpus().splitlines(keepends=True), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token=PAD_TOKEN,
@@ -219,7 +258,7 @@ def ensure_tiny_checkpoint(name: str, cache_dir: Path | str, seed: int = 0) -> P
     The build goes to a private temporary directory renamed into place, so a reader never sees a partial
     checkpoint and two processes building at once both end up with the same complete one.
     """
-    dest = Path(cache_dir) / f"{name}-seed{seed}"
+    dest = Path(cache_dir) / f"{name}-seed{seed}-tok{TOKENIZER_REVISION}"
     if (dest / BUILD_INFO_FILE).is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Generates the file-lookup task family: seeded, deterministic train and held-out eval splits of Orchard task dirs.
 
-A task's workspace holds a few small files (``owl.txt``, ``dog.txt``, ...), each a few ``key=value`` lines with
+A task's workspace holds a few small files (``owl.txt``, ``dog.txt``, ...), each a few ``key: value`` lines with
 three-digit values, unique within the task. The instruction names one file and one key::
 
     Write the value of y in owl.txt to answer.txt.
@@ -65,7 +65,7 @@ class LookupConfig(BaseModel):
     train_tasks: int = Field(1000, ge=0, description="Tasks in the train split.")
     eval_tasks: int = Field(256, ge=1, description="Tasks in the held-out eval split.")
     files_per_task: int = Field(3, ge=1, le=len(FILE_NAMES), description="Files in each workspace.")
-    keys_per_file: int = Field(2, ge=1, le=len(KEYS), description="key=value lines in each file.")
+    keys_per_file: int = Field(2, ge=1, le=len(KEYS), description="key: value lines in each file.")
     max_steps: int = Field(6, ge=2, description="Model calls the harness may make (the expert needs 2 to 4).")
     harness_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of the harness.")
     grade_timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of the grader.")
@@ -99,7 +99,9 @@ class LookupTask:
 
     def file_text(self, name: str) -> str:
         """The content of workspace file ``name``."""
-        return "".join(f"{key}={value}\n" for key, value in self.files[name].items())
+        # "key: value", not "key=value": the tiny tokenizer then splits " 417" in the file exactly as in
+        # "echo 417 > answer.txt" (a space-prefixed first digit), so copying the value is copying tokens.
+        return "".join(f"{key}: {value}\n" for key, value in self.files[name].items())
 
     @property
     def fingerprint(self) -> str:

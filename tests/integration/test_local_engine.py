@@ -45,7 +45,7 @@ from orchard.engines.local import LocalEngine
 from orchard.engines.openai_api import create_engine_app
 from orchard.engines.reload import PolicyReloader
 from orchard.engines.server import serve_in_thread
-from orchard.engines.tiny import build_tiny_checkpoint
+from orchard.engines.tiny import TOKENIZER_REVISION, build_tiny_checkpoint
 from orchard.engines.token_trace import TokenTrace, trace_of
 from orchard.store import open_store
 from orchard.topics import POLICY_VERSIONS
@@ -624,7 +624,7 @@ def test_serve_engine_runs_a_tiny_name_in_its_own_process(tmp_path: Path) -> Non
         _, stderr = process.communicate(timeout=60)
     assert health["model"] == "tiny-llama-micro" and health["policy_version"] == 0
     assert answer.status_code == 200 and trace_of(answer.json()).policy_version == 0
-    assert (tmp_path / "models" / "tiny-llama-micro-seed0" / "config.json").is_file()
+    assert (tmp_path / "models" / f"tiny-llama-micro-seed0-tok{TOKENIZER_REVISION}" / "config.json").is_file()
     assert process.returncode == 0, stderr.decode()[-2000:]
 
 

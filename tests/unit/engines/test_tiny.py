@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, 
 from orchard.engines.tiny import (
     BUILD_INFO_FILE,
     TINY_MODELS,
+    TOKENIZER_REVISION,
     build_tiny_checkpoint,
     build_tiny_tokenizer,
     ensure_tiny_checkpoint,
@@ -75,7 +76,7 @@ def test_family_members_and_cache(tmp_path: Path) -> None:
     assert sorted(TINY_MODELS) == ["tiny-llama", "tiny-llama-micro", "tiny-qwen2"]
     assert is_tiny_name("tiny-qwen2") and not is_tiny_name("/models/tiny-qwen2")
     built = ensure_tiny_checkpoint("tiny-qwen2", tmp_path, seed=3)
-    assert built == tmp_path / "tiny-qwen2-seed3"
+    assert built == tmp_path / f"tiny-qwen2-seed3-tok{TOKENIZER_REVISION}"  # a new tokenizer never reuses a build
     assert isinstance(AutoModelForCausalLM.from_pretrained(built), Qwen2ForCausalLM)
     stamp = (built / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny_checkpoint("tiny-qwen2", tmp_path, seed=3) == built
@@ -140,3 +141,14 @@ def test_parsed_tool_call_renders_back_token_for_token() -> None:
     assert tokenizer.decode(next_prompt[len(prompt) + len(completion) :]) == (
         "\n<|im_start|>tool\n21 C<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_the_built_in_agents_preamble_is_a_few_hundred_tokens() -> None:
+    """The tokenizer is trained on the built-in agent's system prompt and tools, so a CPU recipe's episodes are short."""
+    from orchard.harnesses.builtin_agent import SYSTEM_PROMPT, TOOLS
+
+    tokenizer = build_tiny_tokenizer()
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "List the files."}]
+    preamble = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=True, add_generation_prompt=True)
+    assert len(preamble) < 360
+    assert tokenizer.tokenize(' "shell", "arguments"') == ["Ġ\"", "shell", "\",", "Ġ\"", "arguments", "\""]
