@@ -122,6 +122,7 @@ class TorchBackend:
             betas=config.betas,
             weight_decay=config.weight_decay,
         )
+        self.peak_lr = config.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.schedule, config.max_steps))
         self._autocast = use_bf16(config.precision, device)
         self._forward: Callable[..., Any] = torch.compile(self.module) if config.compile else self.module
@@ -159,10 +160,21 @@ class TorchBackend:
         }
 
     def load_state_tensors(self, tensors: dict[str, Any]) -> None:
-        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there)."""
+        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there).
+
+        A checkpoint written with another peak learning rate (a recipe's next stage, e.g. RL after SFT, resuming the
+        SFT trainer's checkpoint) keeps its optimizer moments and step but takes this trainer's ``lr``; the same
+        ``lr`` restores the schedule exactly, so a crashed trainer resumes bit for bit.
+        """
         self.module.load_state_dict(tensors["model"], strict=True)
         self.optimizer.load_state_dict(tensors["optimizer"])
         self.scheduler.load_state_dict(tensors["scheduler"])
+        if any(base != self.peak_lr for base in self.scheduler.base_lrs):
+            self.scheduler.base_lrs = [self.peak_lr for _ in self.scheduler.base_lrs]
+            factors = [fn(self.scheduler.last_epoch) for fn in self.scheduler.lr_lambdas]
+            for group, factor in zip(self.optimizer.param_groups, factors, strict=True):
+                group["initial_lr"], group["lr"] = self.peak_lr, self.peak_lr * factor
+            self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # noqa: SLF001 - get_last_lr
 
     def export(self, directory: Path) -> dict[str, Path]:
         """``save_pretrained`` into ``directory`` (config.json, generation_config.json, model.safetensors)."""

@@ -222,6 +222,7 @@ def run_value_trainer(
             # A poll before the group has assigned partitions (a Kafka rebalance takes seconds) is not idleness.
             idle = 0 if records or not consumer.assignment() else idle + 1
             if max_idle_polls is not None and idle >= max_idle_polls:
+                _publish_on_idle_exit(trainer, config, store, producer, checkpoints, scratch_dir)
                 break
             for record in records:
                 trainer.add(
@@ -234,6 +235,23 @@ def run_value_trainer(
         producer.close()
     log.info("value trainer stopped", step=trainer.step, version=trainer.version, skipped=trainer.skipped)
     return trainer
+
+
+def _publish_on_idle_exit(
+    trainer: ValueTrainer,
+    config: ValueTrainerConfig,
+    store: ArtifactStore,
+    producer: Producer,
+    checkpoints: CheckpointStore,
+    scratch_dir: Path,
+) -> None:
+    """The steps since the last publication, published and checkpointed: a trainer leaving when its input has
+    dried up (a recipe's stage) must not take its last steps with it."""
+    if trainer.step == 0 or trainer.step % config.publish_every == 0:
+        return  # nothing trained, or already published (and checkpointed, when the cadences agree) at this step
+    trainer.publish(store, producer, scratch_dir)
+    producer.flush()
+    trainer.checkpoint(checkpoints)
 
 
 def _ensure_topics(bus: Bus, source: str) -> None:

@@ -8,6 +8,7 @@ imported only inside the commands, so ``orchard --help`` stays fast.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ def value(
     publish_every: int = typer.Option(100, min=1, help="Publish a version every this many steps."),
     checkpoint_every: int = typer.Option(100, min=1, help="Checkpoint every this many steps."),
     max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps (default: run until Ctrl-C)."),
+    idle_exit: float | None = typer.Option(
+        None, "--idle-exit", min=1.0, help="Also stop (publishing first) once no trajectory came for this many seconds."
+    ),
     seed: int = typer.Option(0, help="Seed of the backbone (tiny) and the head."),
     work_dir: Path | None = typer.Option(None, help="Scratch directory (default: a temporary one)."),
 ) -> None:
@@ -71,7 +75,10 @@ def value(
     stop = threading.Event()
     with cli.bus() as bus, open_store(config.store) as store, tempfile.TemporaryDirectory() as tmp:
         try:
-            trainer = run_value_trainer(bus, store, trainer_config, scratch_dir=work_dir or Path(tmp), stop=stop)
+            idle_polls = math.ceil(idle_exit / trainer_config.poll_timeout_s) if idle_exit is not None else None
+            trainer = run_value_trainer(
+                bus, store, trainer_config, scratch_dir=work_dir or Path(tmp), stop=stop, max_idle_polls=idle_polls
+            )
         except KeyboardInterrupt:
             console.print("[yellow]stopped[/]: the last checkpoint holds the offsets to resume from")
             return

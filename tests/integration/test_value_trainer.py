@@ -277,3 +277,20 @@ def test_cli_eval_rerank_needs_exactly_one_source(config_file: Path) -> None:
 
     assert result.exit_code != 0
     assert "give exactly one of --source" in str(result.exception)
+
+
+def test_value_trainer_leaving_on_idle_publishes_and_checkpoints_its_last_steps(
+    bus: Bus, tmp_path: Path, unique_name: Callable[[str], str]
+) -> None:
+    run_id, topic = unique_name("run"), unique_name("trajectories")
+    bus.create_topic(topic, partitions=1)
+    produce(bus, topic, [(f"ep-{i}", trajectory_bytes(run_id, f"ep-{i}", i % 2 == 0, seed=i)) for i in range(24)])
+    store = local_store(tmp_path)
+
+    trainer = run_value_trainer(
+        bus, store, trainer_config(run_id, topic, max_steps=50), scratch_dir=tmp_path / "work", max_idle_polls=2
+    )
+
+    assert (trainer.step, trainer.version) == (3, 2)  # published at step 2 (cadence), then at 3 on leaving
+    assert [r["trainer_step"] for r in policy_versions(bus, run_id)] == [2, 3]
+    assert CheckpointStore(store, run_id, "value", tmp_path / "scratch").latest_step() == 3
