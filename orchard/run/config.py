@@ -152,6 +152,14 @@ class EnvComponent(_Server):
     port: int = Field(8200, ge=1, le=65535)
     concurrency: int = Field(8, ge=1)
     timeout_s: float = Field(1800.0, ge=1, description="Wall-clock limit per episode.")
+    stop_grace_s: float = Field(
+        60.0,
+        ge=0,
+        le=600,
+        description="Wait after SIGTERM before SIGKILL. Env cancels its running episodes and publishes their "
+        "outcomes on the way down; killed before that, those outcomes are lost and a resumed rollout submits the "
+        "same episodes again.",
+    )
 
     def references(self) -> list[str]:
         """The proxy, when ``proxy`` names a component."""

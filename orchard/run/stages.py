@@ -2,29 +2,33 @@
 
 Stages run one after another. A stage's ``components`` may start only once the stage begins (components no stage
 lists may start at once); a stage is done when every condition of its ``until`` holds: components exited 0, a
-policy version published, a topic holding enough records. The bus conditions are read here, cheaply (topic record
-counts, and the ``policy-versions`` topic read without a group), so the supervisor's loop only asks ``done``.
-Finished stages are recorded in ``state.json``; a resumed run skips the stages it already completed.
+policy version published, a topic holding enough records of this run. The bus conditions are read here, each topic
+once and incrementally, without a group, so the supervisor's loop only asks ``done``. Records are counted by reading
+them, not from offsets: on a Kafka cluster a topic is shared by every run on it and transaction markers take offsets
+too, so only records that name this run (``run_id``) count. Finished stages are recorded in ``state.json``; a
+resumed run skips the stages it already completed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchard.bus import Bus, Consumer, open_bus
+from orchard.bus import Bus, Consumer, Record, open_bus
 from orchard.codec import Codec
 from orchard.config import BusConfig
 from orchard.logging import get_logger
 from orchard.run.config import RunConfig, StageConfig
+from orchard.serialization_errors import SerializationError
 from orchard.topics import POLICY_VERSIONS
 
 log = get_logger("run.stages")
 
 StageStatus = Literal["pending", "running", "completed", "failed"]
 PROBE_EVERY_S = 0.5
+READ_BUDGET_S = 0.25  # reading one condition check may spend; the rest of a long topic is read by the next
 
 
 @dataclass
@@ -44,40 +48,63 @@ class StageState:
 
 
 class BusProbe:
-    """Reads the run's bus for stage conditions: topic record counts and the newest policy version of the run."""
+    """Reads the run's bus for stage conditions: records of this run on a topic, and its newest policy version."""
 
     def __init__(self, bus_config: BusConfig, run_id: str) -> None:
         self.bus_config, self.run_id = bus_config, run_id
         self._bus: Bus | None = None
-        self._versions: Consumer | None = None
+        self._readers: dict[str, Consumer] = {}
+        self._counts: dict[str, int] = {}
         self._codec = Codec.default()
         self.newest_version: int | None = None
 
     def count(self, topic: str) -> int:
-        """Records ``topic`` holds (0 while it does not exist)."""
-        bus = self._open()
-        return bus.describe_topic(topic).record_count if topic in set(bus.list_topics()) else 0
+        """Records of this run on ``topic`` so far (0 while it does not exist).
+
+        A record counts unless it decodes to a record naming another run. Each call reads on from where the last
+        one stopped, for at most ``READ_BUDGET_S``, so a long topic does not stall the supervisor's loop.
+        """
+        if topic not in self._readers and topic not in set(self._open().list_topics()):
+            return 0
+        for record in self._read(topic):
+            try:
+                run_id = self._codec.decode(record.value).record.get("run_id")
+            except SerializationError:
+                run_id = None  # not an Orchard record: it cannot be another run's
+            if run_id is None or run_id == self.run_id:
+                self._counts[topic] = self._counts.get(topic, 0) + 1
+        return self._counts.get(topic, 0)
 
     def policy_version(self) -> int | None:
         """The highest ``PolicyVersion.version`` of this run published so far."""
-        bus = self._open()
-        if self._versions is None:
-            bus.create_topic(POLICY_VERSIONS, exist_ok=True)
-            self._versions = bus.consumer([POLICY_VERSIONS], group=None, start="earliest")
-        while records := self._versions.poll(timeout_s=0.05):
-            for record in records:
+        if POLICY_VERSIONS not in self._readers:
+            self._open().create_topic(POLICY_VERSIONS, exist_ok=True)
+        for record in self._read(POLICY_VERSIONS):
+            try:
                 decoded = self._codec.decode(record.value)
-                if decoded.name == "PolicyVersion" and decoded.record["run_id"] == self.run_id:
-                    version = int(decoded.record["version"])
-                    self.newest_version = max(version, self.newest_version or version)
+            except SerializationError:
+                continue  # the trainer's dead letters say why; it names no version of this run
+            if decoded.name == "PolicyVersion" and decoded.record["run_id"] == self.run_id:
+                version = int(decoded.record["version"])
+                self.newest_version = max(version, self.newest_version or version)
         return self.newest_version
 
     def close(self) -> None:
-        """Close the consumer and the bus."""
-        if self._versions is not None:
-            self._versions.close()
+        """Close the readers and the bus."""
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
         if self._bus is not None:
             self._bus.close()
+
+    def _read(self, topic: str) -> Iterator[Record]:
+        """The records of ``topic`` not read yet (for up to ``READ_BUDGET_S``), from the start, without a group."""
+        reader = self._readers.get(topic)
+        if reader is None:
+            reader = self._readers[topic] = self._open().consumer([topic], group=None, start="earliest")
+        budget_end = time.monotonic() + READ_BUDGET_S
+        while time.monotonic() < budget_end and (records := reader.poll(max_records=100, timeout_s=0.05)):
+            yield from records
 
     def _open(self) -> Bus:
         if self._bus is None:

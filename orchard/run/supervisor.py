@@ -5,7 +5,8 @@ whole tree with it, and a Ctrl-C in the terminal reaches only the supervisor, wh
 reverse start order: SIGTERM to the group, SIGKILL after the component's grace period. A component whose process
 exits is restarted by its policy with exponential backoff, up to its limit; past it the run stops with an error.
 Every change is written to ``state.json``. Resuming is starting again on the same run directory: consumers and
-trainers continue from their committed offsets and checkpoints on the same bus and store.
+trainers continue from their committed offsets and checkpoints on the same bus and store, completed stages are
+skipped (what they stopped stays stopped), and what had finished in the interrupted stage is not run again.
 
 Departures from a full init system, on purpose: health is checked to decide readiness and is shown afterwards, but
 only an exit triggers a restart (a hung server is the operator's call); a component restarting does not restart
@@ -98,8 +99,11 @@ class Supervisor:
             for name, spec in config.items()
         }
         probe = BusProbe(bus, run_id or config.run_id or run_dir.root.name) if bus is not None else None
-        previous = {s.get("name"): s for s in run_dir.read_state().get("stages") or [] if isinstance(s, dict)}
+        before = run_dir.read_state()
+        previous = {s.get("name"): s for s in before.get("stages") or [] if isinstance(s, dict)}
         self.stages = StageRunner(config, probe, previous)
+        self._retired: set[str] = set()  # stopped for good by a stage the run completed before a resume
+        self._kept = self._settled_before(before, previous)
         self.stop_requested = False
         self.force = False
         self.outcome: Literal["running", "stopped", "completed", "failed"] = "running"
@@ -158,10 +162,44 @@ class Supervisor:
         self._check_done()
 
     # ------------------------------------------------------------------------------------------------ stages
+    def _settled_before(self, before: Mapping[str, Any], stages: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        """On a resume, what the earlier start settled stays settled; returns the components kept as exited.
+
+        A component a completed stage stopped stays stopped (unless a stage still to run lists it), and a component
+        of the interrupted stage that had already exited 0 there is not started again (a rollout would submit
+        another round, a command would run twice) when that stage begins anew.
+        """
+        remaining = [stage.config for stage in self.stages.stages if stage.status != "completed"]
+        listed_later = {name for stage in remaining for name in stage.components}
+        for stage in self.stages.stages:
+            if stage.status == "completed":
+                for name in stage.config.stop:
+                    if name not in listed_later:
+                        self.components[name].status = "stopped"
+                        self._retired.add(name)
+        current = self.stages.current
+        if current is None or (stages.get(current.config.name) or {}).get("status") not in ("running", "failed"):
+            return set()  # not begun before: every component of it runs
+        components = before.get("components") or {}
+        kept: set[str] = set()
+        for name in current.config.components:
+            previous = components.get(name) or {}
+            if previous.get("status") == "exited" and previous.get("exit_code") == 0:
+                self.components[name].status, self.components[name].exit_code = "exited", 0
+                kept.add(name)
+        return kept
+
     def _begin_stage(self, stage: StageConfig) -> None:
-        """Components of the stage that exited or were stopped start afresh; running ones stay up."""
+        """Components of the stage that exited or were stopped start afresh; running ones stay up.
+
+        On a resume, the components of the interrupted stage that had finished there (``_settled_before``) do not.
+        """
+        kept, self._kept = self._kept, set()
         for name in stage.components:
             state = self.components[name]
+            if name in kept:
+                log.info("component finished in this stage before the resume; not started again", component=name)
+                continue
             if state.status in ("exited", "stopped"):
                 state.restarts, state.exit_code = 0, None
                 self._set(state, "pending")
@@ -184,7 +222,8 @@ class Supervisor:
 
     def _dependencies_ready(self, name: str) -> bool:
         ready = ("healthy", "unhealthy", "exited")
-        return all(self.components[dep].status in ready for dep in self.config.dependencies(name))
+        deps = self.config.dependencies(name)
+        return all(self.components[dep].status in ready or dep in self._retired for dep in deps)
 
     def _spawn(self, state: ComponentState) -> None:
         spec = self.config.components[state.name]
