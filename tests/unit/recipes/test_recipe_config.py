@@ -47,11 +47,12 @@ def options(words: list[str]) -> dict[str, str]:
     return {word[2:].replace("-", "_"): words[i + 1] for i, word in enumerate(words) if word.startswith("--")}
 
 
-def test_the_recipe_validates_and_runs_setup_demos_two_sft_stages_each_with_a_held_out_evaluation(
+def test_the_recipe_validates_and_runs_every_training_stage_each_followed_by_a_held_out_evaluation(
     recipe: RunConfig,
 ) -> None:
     assert [stage.name for stage in recipe.stages] == [
-        "setup", "demos", "sft-successful", "eval-sft-successful", "credit-sft", "eval-credit-sft", "report",
+        "setup", "demos", "sft-successful", "eval-sft-successful", "credit-sft", "eval-credit-sft",
+        "rl-bar", "eval-rl-bar", "dense", "eval-dense", "value", "eval-rerank", "report",
     ]  # fmt: skip
     assert recipe.recipe == "file_lookup" and recipe.harness == "builtin"
 
@@ -83,7 +84,7 @@ def test_the_eval_env_serves_the_held_out_split_and_both_evaluations_go_through_
     assert eval_env.proxy == "policy-proxy" and recipe.components["policy-proxy"].backend == "engine"  # type: ignore[union-attr]
     engine = recipe.components["engine"]
     assert engine.reload  # type: ignore[union-attr]
-    for stage in ("sft-successful", "credit-sft"):
+    for stage in ("sft-successful", "credit-sft", "rl-bar", "dense", "rerank"):
         assert recipe.dependencies(f"eval-{stage}") == ["eval-env"]
         command = component_command(f"eval-{stage}", recipe.components[f"eval-{stage}"], recipe, tmp_path)
         inner = command[command.index("--") + 1 :]
@@ -109,6 +110,40 @@ def test_both_trainers_resolve_to_sft_on_the_engines_model_the_credit_one_resumi
     assert (first.model_name, first.group_id) == (credit.model_name, credit.group_id)
     assert first.max_steps is not None and credit.max_steps is not None and credit.max_steps > first.max_steps
     assert first.idle_exit_s is not None and credit.idle_exit_s is not None
+
+
+def test_the_rl_trainers_resume_the_sft_checkpoint_with_their_own_constant_learning_rate(
+    recipe: RunConfig, tmp_path: Path
+) -> None:
+    configs = {}
+    for name in ("trainer-credit", "trainer-rl", "trainer-dense"):
+        spec = recipe.components[name]
+        assert isinstance(spec, PolicyTrainerComponent)
+        configs[name] = load_trainer_config(None, [item.replace("{run_dir}", str(tmp_path)) for item in spec.set])
+    credit, rl, dense = configs["trainer-credit"], configs["trainer-rl"], configs["trainer-dense"]
+    assert rl.loss.kind == dense.loss.kind == "rl"
+    assert (credit.model_name, credit.group_id) == (rl.model_name, rl.group_id) == (dense.model_name, dense.group_id)
+    assert rl.lr < credit.lr and rl.schedule.kind == dense.schedule.kind == "constant"
+    assert credit.max_steps is not None and rl.max_steps is not None and dense.max_steps is not None
+    assert credit.max_steps < rl.max_steps < dense.max_steps  # max_steps counts from the first stage
+    assert rl.staleness.max_policy_lag is not None and rl.idle_exit_s is not None and dense.idle_exit_s is not None
+
+
+def test_the_rl_builders_close_bar_groups_and_the_dense_one_weighs_the_step_reward_plug_in(recipe: RunConfig) -> None:
+    from recipes.file_lookup.step_reward import FileLookupSteps
+
+    rl, dense, plug_in = (recipe.components[name] for name in ("builder-rl", "builder-dense", "step-reward"))
+    assert isinstance(rl, ConsumerComponent) and isinstance(dense, ConsumerComponent)
+    assert isinstance(plug_in, ConsumerComponent)
+    assert rl.group == dense.group  # the dense stage continues where RL stopped
+    rl_config, dense_config = builder_config(rl), builder_config(dense)
+    assert rl_config.kinds == dense_config.kinds == ["RL"] and not rl_config.scorers
+    rollout = recipe.components["rollout-rl"]
+    assert rl_config.group_size == rollout.max_rollouts  # type: ignore[union-attr]
+    assert list(dense_config.scorers) == [FileLookupSteps.name] and plug_in.name.endswith(":FileLookupSteps")
+    stages = {stage.name: stage for stage in recipe.stages}
+    assert {"builder-rl", "rl-env"} <= set(stages["rl-bar"].stop)
+    assert {"builder-dense", "step-reward", "rl-env"} <= set(stages["dense"].stop)
 
 
 def builder_config(spec: ConsumerComponent) -> SampleBuilderConfig:

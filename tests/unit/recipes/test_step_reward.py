@@ -1,0 +1,101 @@
+"""The file-lookup dense reward scores each call by the documented rules, from the episode's own record."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from consumers.rewards import load_reward
+from consumers.trajectory import Step, Trajectory
+from recipes.file_lookup.step_reward import RULE_WEIGHTS, FileLookupSteps
+
+SYSTEM = {"role": "system", "content": "You are an autonomous software agent working in a Unix shell."}
+TASK = {"role": "user", "content": "Write the value of x in hen.txt to answer.txt."}
+HEN = {"exit_code": 0, "output": "z: 885\nx: 295\n"}
+COW = {"exit_code": 0, "output": "x: 622\ny: 406\n"}
+QUIET = {"exit_code": 0, "output": ""}
+SUBMITTED = {"status": "submitted"}
+
+
+def shell(command: str) -> dict[str, Any]:
+    return {"name": "shell", "arguments": json.dumps({"command": command})}
+
+
+def submit() -> dict[str, Any]:
+    return {"name": "submit", "arguments": json.dumps({"summary": "done"})}
+
+
+def trajectory(turns: list[tuple[dict[str, Any] | str, dict[str, Any] | None]]) -> Trajectory:
+    """Built-in-agent style: each turn is one tool call (or reply text) and the tool's JSON result."""
+    messages: list[Any] = [SYSTEM, TASK]
+    steps = []
+    for index, (action, result) in enumerate(turns):
+        calls = [{"id": f"call_{index}", "type": "function", "function": action}] if isinstance(action, dict) else []
+        text = action if isinstance(action, str) else ""
+        steps.append(
+            Step(
+                call_index=index, conversation_id=0, policy_version=1,
+                prompt_token_ids=np.array([1, 2], dtype=np.int32), completion_token_ids=np.array([3], dtype=np.int32),
+                completion_logprobs=np.array([-0.5], dtype=np.float32), request_messages=list(messages),
+                response_text=text, response_tool_calls=calls, finish_reason="tool_calls" if calls else "stop",
+            )
+        )  # fmt: skip
+        messages.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+        if calls and result is not None:
+            messages.append({"role": "tool", "tool_call_id": f"call_{index}", "content": json.dumps(result)})
+    return Trajectory(run_id="r", episode_id="e", task_id="t", group_id="g", steps=tuple(steps))
+
+
+def scored(turns: list[Any], plugin: FileLookupSteps | None = None) -> list[tuple[float, list[str]]]:
+    plugin = plugin or FileLookupSteps()
+    return [(score.score, list(score.details["rules"])) for score in plugin.score_episode(trajectory(turns))]
+
+
+def test_the_expert_path_earns_a_read_and_an_observed_write() -> None:
+    turns = [(shell("cat hen.txt"), HEN), (shell("echo 295 > answer.txt"), QUIET), (submit(), SUBMITTED)]
+    assert scored(turns) == [(0.5, ["read_target"]), (0.5, ["write_observed"]), (0.0, [])]
+
+
+def test_a_detour_a_wrong_line_and_a_repeat_are_penalised() -> None:
+    turns = [
+        (shell("cat cow.txt"), COW),
+        (shell("cat hen.txt"), HEN),
+        (shell("cat  hen.txt"), HEN),  # the same command, whitespace aside
+        (shell("echo 885 > answer.txt"), QUIET),  # z's value, not x's
+        (submit(), SUBMITTED),
+    ]
+    assert scored(turns) == [(-0.1, ["read_other"]), (0.5, ["read_target"]), (-0.25, ["repeat"]),
+                             (-0.25, ["write_wrong"]), (0.0, [])]  # fmt: skip
+
+
+def test_a_guess_before_reading_is_wrong_even_when_it_is_the_value() -> None:
+    """Only what the named file printed counts: writing the right number unseen is not rewarded as a lookup."""
+    turns = [(shell("echo 295 > answer.txt"), QUIET), (submit(), SUBMITTED)]
+    assert scored(turns) == [(-0.25, ["write_wrong"]), (0.0, [])]
+
+
+def test_the_value_another_file_printed_for_the_key_is_wrong() -> None:
+    turns = [(shell("cat cow.txt"), COW), (shell("echo 622 > answer.txt"), QUIET), (submit(), SUBMITTED)]
+    assert scored(turns) == [(-0.1, ["read_other"]), (-0.25, ["write_wrong"]), (0.0, [])]
+
+
+def test_submitting_before_writing_and_calls_without_tools_are_penalised() -> None:
+    turns = [("I do not know.", None), (shell("cat hen.txt"), HEN), (submit(), SUBMITTED)]
+    assert scored(turns) == [(-0.25, ["no_op"]), (0.5, ["read_target"]), (-0.5, ["submit_early"])]
+
+
+def test_weights_can_be_overridden_per_rule_and_unknown_rules_are_refused() -> None:
+    turns = [(shell("cat hen.txt"), HEN), (shell("echo 295 > answer.txt"), QUIET), (submit(), SUBMITTED)]
+    assert scored(turns, FileLookupSteps({"read_target": 1.0})) == [(1.0, ["read_target"]),
+                                                                     (0.5, ["write_observed"]), (0.0, [])]  # fmt: skip
+    with pytest.raises(ValueError, match="read_the_file"):
+        FileLookupSteps({"read_the_file": 1.0})
+    assert set(RULE_WEIGHTS) >= {"read_target", "write_observed", "write_wrong", "repeat", "submit_early", "no_op"}
+
+
+def test_the_plug_in_loads_by_module_path_as_orchard_consumer_run_does() -> None:
+    plugin = load_reward("recipes.file_lookup.step_reward:FileLookupSteps")
+    assert plugin.scorer_name == "file_lookup_steps"
