@@ -144,7 +144,7 @@ def test_parsed_tool_call_renders_back_token_for_token() -> None:
 
 
 def test_the_built_in_agents_preamble_is_a_few_hundred_tokens() -> None:
-    """The tokenizer is trained on the built-in agent's system prompt and tools, so a CPU recipe's episodes are short."""
+    """The tokenizer is trained on the built-in agent's prompt and tools, so a CPU recipe's episodes are short."""
     from orchard.harnesses.builtin_agent import SYSTEM_PROMPT, TOOLS
 
     tokenizer = build_tiny_tokenizer()

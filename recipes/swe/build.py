@@ -1,0 +1,196 @@
+"""Builds Orchard task directories from the local SWE suite: one per instance, the fix and hidden tests kept out.
+
+Layout written under ``OUT``::
+
+    OUT/manifest.json                   the config and each split's instance ids
+    OUT/<split>/<instance_id>/task.yaml the problem statement as instruction, ``python3 .grader/grade.py`` grades
+                             /workspace/ the repository at base: ``repo/`` as a git repository with one commit
+                             /hidden/.grader/grade.py, instance.json
+
+``instance.json`` holds what grading needs and nothing that solves the task: ``FAIL_TO_PASS``, ``PASS_TO_PASS``,
+``test_patch``, the reference fix's file list (never the fix itself), the sha256 manifest of the base files and the
+base content of the files the grader resets (test files and ``conftest.py``: all visible at base). The same suite
+always writes the same files and the same base commit id (fixed identity and dates).
+
+Run: ``python -m recipes.swe.build SUITE_DIR OUT [--split train|eval|all] [--overwrite]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchard.exceptions import OrchardError
+from orchard.logging import get_logger
+from recipes.swe.instance import SweInstance, load_suite_instance, snapshot, suite_instances
+
+log = get_logger("recipes.swe")
+
+GRADER_DIR = ".grader"
+GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+GIT_NAME = "orchard"
+GIT_EMAIL = "orchard@localhost"
+GIT_DATE = "2000-01-01T00:00:00Z"
+
+
+class BuildError(OrchardError):
+    """A task directory cannot be built (git missing or failing, output in the way)."""
+
+
+class BuildConfig(BaseModel):
+    """Limits written into every ``task.yaml``; every field is also a command-line option."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    split: Literal["train", "eval", "all"] = Field("all", description="Which split to build.")
+    max_steps: int = Field(40, ge=1, description="Model calls the harness may make.")
+    harness_timeout_s: float = Field(1200.0, gt=0, description="Wall-clock limit of the harness.")
+    grade_timeout_s: float = Field(300.0, gt=10, description="Wall-clock limit of the grader (pytest gets 10 s less).")
+    python: str = Field("python3", description="Interpreter of the grade command inside the sandbox.")
+
+
+def node_file(test_id: str) -> str:
+    """The file part of a pytest node id."""
+    return test_id.split("::", 1)[0]
+
+
+def grader_instance(instance: SweInstance, base: Mapping[str, bytes], config: BuildConfig) -> dict[str, object]:
+    """The grader's ``instance.json``: everything ``grade.py`` needs, nothing of the reference fix but its paths."""
+    reset = set(instance.patched_files("test_patch"))
+    reset |= {node_file(test_id) for test_id in instance.FAIL_TO_PASS + instance.PASS_TO_PASS}
+    reset |= {path for path in base if path.split("/")[-1] == "conftest.py"}
+    return {
+        "instance_id": instance.instance_id,
+        "FAIL_TO_PASS": instance.FAIL_TO_PASS,
+        "PASS_TO_PASS": instance.PASS_TO_PASS,
+        "test_patch": instance.test_patch,
+        "reference_files": instance.patched_files("patch"),
+        "base_files": {path: hashlib.sha256(data).hexdigest() for path, data in base.items()},
+        "restore": {path: base[path].decode("utf-8") if path in base else None for path in sorted(reset)},
+        "test_timeout_s": config.grade_timeout_s - 10,
+    }
+
+
+def git_commit_all(directory: Path) -> str:
+    """Make ``directory`` a git repository whose single commit is its content; returns the commit id."""
+    git = shutil.which("git")
+    if git is None:
+        raise BuildError("building SWE tasks needs git on PATH")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(directory),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_DATE": GIT_DATE,
+        "GIT_COMMITTER_DATE": GIT_DATE,
+    }
+    identity = ["-c", f"user.name={GIT_NAME}", "-c", f"user.email={GIT_EMAIL}", "-c", "commit.gpgsign=false"]
+    steps = (
+        ["init", "-q", "--template=", "--initial-branch=main"],
+        ["add", "-A"],
+        ["commit", "-q", "--no-verify", "-m", "base"],
+        ["rev-parse", "HEAD"],
+    )
+    out = b""
+    for step in steps:
+        done = subprocess.run([git, *identity, *step], cwd=directory, env=env, capture_output=True, check=False)  # noqa: S603
+        if done.returncode != 0:
+            raise BuildError(f"git {step[0]} in {directory} failed: {done.stderr.decode(errors='replace').strip()}")
+        out = done.stdout
+    return out.decode().strip()
+
+
+def task_yaml(instance: SweInstance, config: BuildConfig) -> str:
+    """The task's ``task.yaml`` (fields of ``orchard.env.tasks.TaskSpec``)."""
+    spec = {
+        "task_id": instance.instance_id,
+        "instruction": instance.problem_statement,
+        "grade_command": f"{config.python} {GRADER_DIR}/grade.py",
+        "grade_timeout_s": config.grade_timeout_s,
+        "harness_timeout_s": config.harness_timeout_s,
+        "max_steps": config.max_steps,
+    }
+    return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
+
+
+def write_task(instance_dir: Path, directory: Path, config: BuildConfig) -> SweInstance:
+    """Write the task directory of the suite instance at ``instance_dir`` into ``directory``; returns the instance."""
+    instance = load_suite_instance(instance_dir)
+    base = snapshot(instance_dir / "repo")
+    workspace = directory / "workspace"
+    for path, data in base.items():
+        (workspace / path).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / path).write_bytes(data)
+    workspace.mkdir(parents=True, exist_ok=True)
+    commit = git_commit_all(workspace)
+    grader = directory / "hidden" / GRADER_DIR
+    grader.mkdir(parents=True)
+    shutil.copyfile(GRADE_SCRIPT, grader / "grade.py")
+    record = {**grader_instance(instance, base, config), "base_commit": commit}
+    (grader / "instance.json").write_text(json.dumps(record, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    (directory / "task.yaml").write_text(task_yaml(instance, config), encoding="utf-8")
+    return instance
+
+
+def build(
+    suite: Path, out: Path, config: BuildConfig | None = None, *, overwrite: bool = False
+) -> dict[str, list[str]]:
+    """Write a task directory for every instance of ``suite`` in ``config.split`` under ``out/<split>/``.
+
+    Refuses a non-empty ``out`` unless ``overwrite``. Returns the instance ids by split (sorted).
+    """
+    config = config or BuildConfig()
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise BuildError(f"output directory {out} is not empty (pass overwrite=True / --overwrite)")
+        shutil.rmtree(out)
+    splits: dict[str, list[str]] = {"train": [], "eval": []}
+    staging = out / ".staging"
+    for instance_dir in suite_instances(suite):
+        # the split is in instance.yaml: build into staging, then move the directory under its split
+        target = staging / instance_dir.name
+        instance = write_task(instance_dir, target, config)
+        if config.split not in ("all", instance.split):
+            shutil.rmtree(target)
+            continue
+        (out / instance.split).mkdir(parents=True, exist_ok=True)
+        target.rename(out / instance.split / instance.instance_id)
+        splits[instance.split].append(instance.instance_id)
+    if staging.exists():
+        shutil.rmtree(staging)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"recipe": "swe", "suite": suite.name, "config": config.model_dump(), "splits": splits}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    log.info("swe tasks written", out=str(out), **{split: len(ids) for split, ids in splits.items()})
+    return splits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.swe.build SUITE_DIR OUT [options]``."""
+    parser = argparse.ArgumentParser(prog="python -m recipes.swe.build", description=__doc__.split("\n")[0])
+    parser.add_argument("suite", type=Path, help="The suite directory (recipes/swe/suite).")
+    parser.add_argument("out", type=Path, help="Output directory (train/, eval/, manifest.json).")
+    parser.add_argument("--split", choices=("train", "eval", "all"), default=None, help="Which split to build.")
+    for name, field in BuildConfig.model_fields.items():
+        if name != "split":
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output directory.")
+    args = parser.parse_args(argv)
+    fields = {name: getattr(args, name) for name in BuildConfig.model_fields if getattr(args, name) is not None}
+    build(args.suite, args.out, BuildConfig(**fields), overwrite=args.overwrite)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

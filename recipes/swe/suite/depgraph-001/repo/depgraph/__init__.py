@@ -1,0 +1,5 @@
+"""Dependency graphs."""
+
+from depgraph.order import CycleError, toposort
+
+__all__ = ["CycleError", "toposort"]

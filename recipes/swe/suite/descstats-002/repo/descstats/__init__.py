@@ -1,0 +1,5 @@
+"""Descriptive statistics."""
+
+from descstats.core import mean, mode, percentile, variance
+
+__all__ = ["mean", "mode", "percentile", "variance"]

@@ -1,0 +1,5 @@
+"""Human-friendly durations."""
+
+from durations.human import format_duration, parse_duration
+
+__all__ = ["format_duration", "parse_duration"]

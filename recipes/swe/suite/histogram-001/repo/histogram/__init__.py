@@ -1,0 +1,5 @@
+"""Binning numbers."""
+
+from histogram.bins import histogram
+
+__all__ = ["histogram"]

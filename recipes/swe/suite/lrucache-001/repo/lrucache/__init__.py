@@ -1,0 +1,5 @@
+"""LRU cache."""
+
+from lrucache.cache import LRUCache
+
+__all__ = ["LRUCache"]

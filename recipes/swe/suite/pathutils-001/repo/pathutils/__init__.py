@@ -1,0 +1,5 @@
+"""POSIX path helpers."""
+
+from pathutils.paths import common_parent, split_ext
+
+__all__ = ["common_parent", "split_ext"]

@@ -1,0 +1,5 @@
+"""Token-bucket rate limiting."""
+
+from ratelimit.bucket import TokenBucket
+
+__all__ = ["TokenBucket"]

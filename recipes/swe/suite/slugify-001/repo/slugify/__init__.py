@@ -1,0 +1,5 @@
+"""URL slugs."""
+
+from slugify.slug import slugify
+
+__all__ = ["slugify"]

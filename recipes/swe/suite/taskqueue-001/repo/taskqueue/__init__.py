@@ -1,0 +1,5 @@
+"""Priority scheduling."""
+
+from taskqueue.scheduler import Scheduler
+
+__all__ = ["Scheduler"]

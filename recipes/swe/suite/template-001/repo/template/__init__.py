@@ -1,0 +1,5 @@
+"""Mini templates."""
+
+from template.render import MissingVariable, render, variables
+
+__all__ = ["MissingVariable", "render", "variables"]

@@ -1,0 +1,5 @@
+"""Prefix tree."""
+
+from trie.tree import Trie
+
+__all__ = ["Trie"]

@@ -1,0 +1,5 @@
+"""Word wrapping."""
+
+from wordwrap.wrap import fill, wrap
+
+__all__ = ["fill", "wrap"]

@@ -1,0 +1,244 @@
+"""Orchard-SWE tasks built from a small suite instance: nothing of the fix or the hidden tests reaches the agent's
+side, the workspace is a one-commit repository, and the shipped grader keeps SWE-bench semantics (the hidden tests
+are applied after the agent, agent edits to graded tests count for nothing, reward only when every test passes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
+from recipes.swe.build import BuildConfig, BuildError, build
+from recipes.swe.instance import snapshot
+
+OPS = b'''"""Small numeric helpers."""
+
+
+def mean(values):
+    """The arithmetic mean."""
+    return sum(values) / len(values)
+
+
+def total(values):
+    """The sum of every value."""
+    return sum(values[1:])
+'''
+FIXED_OPS = OPS.replace(b"sum(values[1:])", b"sum(values)  # every value counts")
+VISIBLE = b"""from calc.ops import mean
+
+
+def test_mean():
+    assert mean([1, 2, 3]) == 2
+
+
+def test_mean_of_one():
+    assert mean([4]) == 4
+"""
+HIDDEN = b"""from calc.ops import total
+
+
+def test_total_counts_the_first_value_zqx():
+    assert total([5, 1]) == 6
+
+
+def test_total_of_nothing_is_zero():
+    assert total([]) == 0
+"""
+F2P = ["tests/test_hidden_total.py::test_total_counts_the_first_value_zqx"]
+P2P = [
+    "tests/test_ops.py::test_mean",
+    "tests/test_ops.py::test_mean_of_one",
+    "tests/test_hidden_total.py::test_total_of_nothing_is_zero",
+]
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` (relative path -> bytes) under ``root``."""
+    for path, data in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-instance suite in the contract's layout (plus an eval instance that is a copy with another id)."""
+    root = tmp_path_factory.mktemp("suite")
+    for instance_id, split in (("calc-001", "train"), ("calc-002", "eval")):
+        directory = root / instance_id
+        write_tree(
+            directory / "repo",
+            {
+                "calc/__init__.py": b'"""calc."""\n',
+                "calc/ops.py": OPS,
+                "tests/test_ops.py": VISIBLE,
+                "pytest.ini": b"[pytest]\npythonpath = .\ntestpaths = tests\n",
+                "README.md": b"# calc\n",
+            },
+        )
+        write_tree(directory / "fix", {"calc/ops.py": FIXED_OPS})
+        write_tree(directory / "hidden_tests", {"tests/test_hidden_total.py": HIDDEN})
+        spec = {
+            "instance_id": instance_id,
+            "repo": "calc",
+            "split": split,
+            "bug_kind": "off_by_one",
+            "problem_statement": "total() returns 1 for [5, 1]; it should return 6.",
+            "FAIL_TO_PASS": F2P,
+            "PASS_TO_PASS": P2P,
+        }
+        (directory / "instance.yaml").write_text(yaml.safe_dump(spec))
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(suite: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The suite built into task directories."""
+    out = tmp_path_factory.mktemp("built")
+    build(suite, out, overwrite=True)
+    return out
+
+
+def git(workspace: Path, *args: str) -> str:
+    """Output of a git command in ``workspace``."""
+    return subprocess.run(["git", *args], cwd=workspace, capture_output=True, check=True, text=True).stdout  # noqa: S607
+
+
+def files_outside_hidden(task: Path) -> dict[str, bytes]:
+    """Every file of a task directory except ``hidden/`` (git objects included, as stored)."""
+    return {
+        p.relative_to(task).as_posix(): p.read_bytes()
+        for p in task.rglob("*")
+        if p.is_file() and "hidden" not in p.relative_to(task).parts
+    }
+
+
+def test_every_instance_becomes_a_valid_task_under_its_split_with_the_issue_as_instruction(built: Path) -> None:
+    manifest = json.loads((built / "manifest.json").read_text())
+    assert manifest["splits"] == {"train": ["calc-001"], "eval": ["calc-002"]}
+    task = TaskCatalog(built / "train").get("calc-001")
+    assert task.instruction.startswith("total() returns 1")
+    assert task.grade_command == "python3 .grader/grade.py"
+    assert sorted(p.name for p in (task.hidden / ".grader").iterdir()) == ["grade.py", "instance.json"]
+
+
+def test_the_workspace_is_the_base_repository_in_one_commit_with_no_other_objects(built: Path, suite: Path) -> None:
+    workspace = built / "train" / "calc-001" / "workspace"
+    assert git(workspace, "rev-list", "--all").count("\n") == 1
+    assert git(workspace, "status", "--porcelain") == ""
+    assert git(workspace, "log", "--format=%an <%ae> %s").strip() == "orchard <orchard@localhost> base"
+    assert {k: v for k, v in snapshot(workspace).items()} == snapshot(suite / "calc-001" / "repo")
+    reachable = set(git(workspace, "rev-list", "--all", "--objects").split())
+    stored = {line for line in git(workspace, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split()}
+    assert stored <= reachable  # no dangling blob could hold a fix
+
+
+def test_neither_the_fix_nor_the_hidden_tests_appear_anywhere_the_agent_can_read(built: Path) -> None:
+    task = built / "train" / "calc-001"
+    visible = b"\n".join(files_outside_hidden(task).values())
+    workspace = task / "workspace"
+    blobs = git(workspace, "grep", "-I", "-l", "", "HEAD")  # every committed text file, decompressed by git
+    assert "test_hidden_total" not in blobs
+    for secret in (b"every value counts", b"zqx", b"test_hidden_total", b"test_total_of_nothing_is_zero"):
+        assert secret not in visible
+        assert secret.decode() not in git(workspace, "grep", "-h", "-e", "", "HEAD")
+    everything = b"\n".join(p.read_bytes() for p in task.rglob("*") if p.is_file())
+    assert b"every value counts" not in everything  # not even in hidden/: the grader never needs the fix
+    instance = json.loads((task / "hidden" / ".grader" / "instance.json").read_text())
+    assert "patch" not in instance and instance["reference_files"] == ["calc/ops.py"]
+
+
+def test_the_same_suite_builds_the_same_files_and_the_same_base_commit(
+    suite: Path, built: Path, tmp_path: Path
+) -> None:
+    again = tmp_path / "again"
+    build(suite, again, BuildConfig(split="eval"))
+    assert sorted(p.name for p in again.iterdir()) == ["eval", "manifest.json"]
+    ours, theirs = built / "eval" / "calc-002", again / "eval" / "calc-002"
+
+    def tree(root: Path) -> dict[str, bytes]:
+        return {k: v for k, v in snapshot(root).items() if not k.startswith("workspace/.git")}
+
+    assert tree(ours) == tree(theirs)
+    assert git(ours / "workspace", "rev-parse", "HEAD") == git(theirs / "workspace", "rev-parse", "HEAD")
+    with pytest.raises(BuildError, match="not empty"):
+        build(suite, again)
+
+
+def grade(
+    task: Path, tmp_path: Path, changes: dict[str, bytes | None], *, path: str | None = None
+) -> tuple[int, dict[str, float]]:
+    """Play an episode's end: copy the workspace (without .git, as the runtime does), apply the agent's ``changes``
+    (``None`` deletes), copy ``hidden/`` in, run the grade command; returns its exit status and signals."""
+    work = tmp_path / "work"
+    shutil.copytree(task / "workspace", work, ignore=shutil.ignore_patterns(".git"))
+    for name, data in changes.items():
+        if data is None:
+            (work / name).unlink()
+        else:
+            write_tree(work, {name: data})
+    shutil.copytree(task / "hidden", work, dirs_exist_ok=True)
+    env = {**os.environ, "PATH": path if path is not None else os.environ["PATH"]}
+    done = subprocess.run(
+        [sys.executable, ".grader/grade.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300
+    )  # noqa: S603
+    return done.returncode, json.loads((work / SIGNALS_FILE).read_text())
+
+
+def test_the_unfixed_repository_fails_with_no_fail_to_pass_test_passing(built: Path, tmp_path: Path) -> None:
+    code, signals = grade(built / "train" / "calc-001", tmp_path, {})
+    assert code == 1
+    assert signals == {
+        "f2p_fraction": 0.0,
+        "p2p_fraction": 1.0,
+        "touched_reference_files": 0.0,
+        "wrote_tests": 0.0,
+        "files_changed": 0.0,
+        "test_patch_applied": 1.0,
+        "resolved": 0.0,
+    }
+
+
+def test_the_reference_fix_resolves_the_task(built: Path, tmp_path: Path) -> None:
+    code, signals = grade(built / "train" / "calc-001", tmp_path, {"calc/ops.py": FIXED_OPS})
+    assert code == 0
+    assert (signals["resolved"], signals["f2p_fraction"], signals["p2p_fraction"]) == (1.0, 1.0, 1.0)
+    assert (signals["touched_reference_files"], signals["files_changed"], signals["wrote_tests"]) == (1.0, 1.0, 0.0)
+
+
+PASS_EVERYTHING = b"""import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+
+
+def test_agent_edits_to_graded_tests_and_a_planted_conftest_count_for_nothing(built: Path, tmp_path: Path) -> None:
+    cheat = (
+        b"def test_total_counts_the_first_value_zqx():\n    pass\n\n\ndef test_total_of_nothing_is_zero():\n    pass\n"
+    )
+    changes: dict[str, bytes | None] = {
+        "tests/test_hidden_total.py": cheat,  # the agent guessed the hidden file and made it trivially pass
+        "tests/test_ops.py": b"def test_mean():\n    pass\n",
+        "conftest.py": PASS_EVERYTHING,
+    }
+    code, signals = grade(built / "train" / "calc-001", tmp_path, changes)
+    assert code == 1
+    assert (signals["f2p_fraction"], signals["p2p_fraction"], signals["wrote_tests"]) == (0.0, 1.0, 1.0)
+    assert signals["files_changed"] == 3.0
+
+
+def test_without_git_the_stdlib_applier_applies_the_hidden_tests(built: Path, tmp_path: Path) -> None:
+    no_git = tmp_path / "bin"
+    no_git.mkdir()
+    code, signals = grade(built / "eval" / "calc-002", tmp_path, {"calc/ops.py": FIXED_OPS}, path=str(no_git))
+    assert code == 0 and signals["test_patch_applied"] == 1.0 and signals["f2p_fraction"] == 1.0
