@@ -494,7 +494,9 @@ async def test_hot_reload_under_load(tmp_path: Path, checkpoints: dict[str, Path
             body = {
                 "model": MODEL,
                 "messages": [{"role": "user", "content": f"client {worker} call {k}"}],
-                "max_tokens": 40,
+                # lengths differ per client: equal lengths keep the tiny model's clients in lockstep (it seldom
+                # stops early), and a swap that lands between two lockstep rounds finds nothing in flight
+                "max_tokens": 16 + 12 * worker,
                 "seed": worker * 1000 + k,
             }
             started = time.time()
@@ -528,7 +530,7 @@ async def test_hot_reload_under_load(tmp_path: Path, checkpoints: dict[str, Path
         assert versions == sorted(versions), versions  # each client: version 0, then 1
     assert {r[3].policy_version for r in results} == {0, 1}
     for _, _, _, trace in results:  # every request finished on the weights its trace names
-        assert 0 < len(trace.completion_token_ids) <= 40
+        assert 0 < len(trace.completion_token_ids) <= 16 + 12 * 5
         assert_logprobs_match(models[trace.policy_version], trace)
     in_flight = [r for r in results if r[3].policy_version == 0 and r[1] < swapped_at < r[2]]
     assert in_flight, "no request was in flight on version 0 when version 1 was installed"
