@@ -142,6 +142,8 @@ class LocalEpisodeRunner:
             episode_id=episode.episode_id,
             task_id=task.task_id,
             source_dir=task.workspace,
+            image=task.image,
+            git_snapshot=task.git_snapshot or None,  # False: whatever the runtime does by default
             limits=task.limits,
             ttl_s=task.harness_timeout_s * 2,
             proxy_url=self.proxy_url,

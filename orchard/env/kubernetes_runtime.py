@@ -78,6 +78,7 @@ from orchard.env.k8s_objects import (
     workspace_path,
 )
 from orchard.env.runtime import ExecResult, FileEntry, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.env.workspace import GIT_IDENTITY
 from orchard.logging import get_logger
 
 __all__ = [
@@ -244,6 +245,16 @@ class KubernetesSandbox(Sandbox):
             argv = ["tar", "-x", "-f", "-", "-C", self._workspace]
             self._file_op(argv, str(source), stdin=archive, stdin_len=size)
 
+    def git_snapshot(self) -> None:
+        """Make the working copy a new git repository whose single commit is its content (the image needs git)."""
+        done = self.exec(
+            ["/bin/sh", "-c", "git init -q && git add -A && git commit -q --allow-empty --no-verify -m task"],
+            timeout_s=self._runtime.config.file_op_timeout_s,
+            env={**GIT_IDENTITY, "HOME": self._workspace},
+        )
+        if done.exit_code != 0:
+            raise SandboxStartError(f"git snapshot of the working copy failed: {(done.stderr or done.stdout)[-500:]}")
+
     def heartbeat(self) -> None:
         """Push the ``orchard.dev/expires-at`` annotation ``ttl_s`` past now."""
         self.expires_at = self._runtime.extend(self.spec.sandbox_id, self.spec.ttl_s)
@@ -362,6 +373,8 @@ class KubernetesRuntime(Runtime):
             sandbox = KubernetesSandbox(self, spec, created_at=now, expires_at=now + spec.ttl_s)
             if spec.source_dir is not None:
                 sandbox.upload_dir(spec.source_dir)
+            if spec.git_snapshot:
+                sandbox.git_snapshot()
         except Exception as exc:
             self._teardown(spec.sandbox_id, created, policy_owned=adopted)
             if not created and isinstance(exc, ApiException) and exc.status == 409:

@@ -103,7 +103,7 @@ class Provisioner:
             sub.mkdir(mode=0o755)
         if spec.source_dir is not None:
             copy_source(Path(spec.source_dir), resources.workdir, max_bytes=spec.limits.disk_mb * MIB)
-            if self.git_snapshot:
+            if self.git_snapshot if spec.git_snapshot is None else spec.git_snapshot:
                 git_snapshot(resources.workdir)
         if resources.owner is not None:
             chown_tree(directory, *resources.owner)

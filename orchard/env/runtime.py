@@ -41,6 +41,9 @@ class SandboxSpec(BaseModel):
     task_id: str
     source_dir: Path | None = Field(None, description="Task directory copied into the sandbox's working copy.")
     image: str | None = Field(None, description="Container image (Kubernetes runtime).")
+    git_snapshot: bool | None = Field(
+        None, description="Make the working copy a one-commit git repository (None: the runtime's default)."
+    )
     limits: Limits = Field(default_factory=Limits)
     ttl_s: float = Field(3600.0, gt=0, description="Reaped this long after the last heartbeat.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment of every command.")

@@ -33,6 +33,18 @@ class TaskSpec(BaseModel):
     harness_timeout_s: float = Field(1800.0, gt=0)
     max_steps: int = Field(30, ge=1)
     limits: Limits = Field(default_factory=Limits)
+    git_snapshot: bool = Field(
+        False,
+        description="Give the working copy a fresh one-commit git repository of the workspace (for `git diff`; "
+        "no history of the task's own making ever reaches the sandbox).",
+    )
+    image: str | None = Field(
+        None, min_length=1, description="Container image of the episode on the Kubernetes runtime (per instance)."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Facts about the task (repo, bug kind, split); `orchard eval` breaks results down by them.",
+    )
     directory: Path = Field(description="The task directory (set by the loader).")
 
     @property

@@ -58,6 +58,15 @@ class BuildConfig(BaseModel):
     harness_timeout_s: float = Field(1200.0, gt=0, description="Wall-clock limit of the harness.")
     grade_timeout_s: float = Field(300.0, gt=10, description="Wall-clock limit of the grader (pytest gets 10 s less).")
     python: str = Field("python3", description="Interpreter of the grade command inside the sandbox.")
+    git_snapshot: bool = Field(
+        True, description="The runtime gives the working copy a one-commit git repository (`git diff` works)."
+    )
+    image_template: str | None = Field(
+        None,
+        min_length=1,
+        description="Container image of an instance without its own `image` on the Kubernetes runtime; "
+        "{instance_id} and {repo} are filled in (e.g. registry.local/orchard-swe:{instance_id}).",
+    )
 
 
 def node_file(test_id: str) -> str:
@@ -120,7 +129,17 @@ def task_yaml(instance: SweInstance, config: BuildConfig) -> str:
         "grade_timeout_s": config.grade_timeout_s,
         "harness_timeout_s": config.harness_timeout_s,
         "max_steps": config.max_steps,
+        "git_snapshot": config.git_snapshot,
+        "labels": {"repo": instance.repo, "split": instance.split}
+        | ({"bug_kind": instance.bug_kind} if instance.bug_kind else {}),
     }
+    image = instance.image or (
+        config.image_template.format(instance_id=instance.instance_id, repo=instance.repo.replace("/", "__"))
+        if config.image_template
+        else None
+    )
+    if image:
+        spec["image"] = image
     return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
 
 
@@ -183,8 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="Output directory (train/, eval/, manifest.json).")
     parser.add_argument("--split", choices=("train", "eval", "all"), default=None, help="Which split to build.")
     for name, field in BuildConfig.model_fields.items():
-        if name != "split":
-            parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+        flag = f"--{name.replace('_', '-')}"
+        if name == "split":
+            continue
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=field.description)
+        else:
+            kind = str if field.default is None else type(field.default)
+            parser.add_argument(flag, type=kind, help=field.description)
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output directory.")
     args = parser.parse_args(argv)
     fields = {name: getattr(args, name) for name in BuildConfig.model_fields if getattr(args, name) is not None}

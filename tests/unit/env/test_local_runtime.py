@@ -227,6 +227,15 @@ def test_git_snapshot_is_a_one_commit_repository(tmp_path: Path, source: Path) -
     assert (log, diff) == ("task\n", " M pkg/calc.py\n")
 
 
+def test_a_sandbox_spec_asking_for_a_git_snapshot_gets_one_from_a_runtime_without_the_default(
+    runtime: LocalRuntime, source: Path
+) -> None:
+    snap = runtime.create(spec("asked", source_dir=source, git_snapshot=True))
+    plain = runtime.create(spec("default", source_dir=source))
+    assert snap.exec("git log --all --format=%s").stdout == "task\n"
+    assert not (plain.workdir / ".git").exists()
+
+
 def test_one_sandbox_cannot_see_another(runtime: LocalRuntime) -> None:
     first, second = runtime.create(spec("first")), runtime.create(spec("second"))
     first.write_file("secret.txt", b"first's secret")

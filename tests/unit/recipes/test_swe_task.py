@@ -16,6 +16,7 @@ import yaml
 
 from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
 from recipes.swe.build import BuildConfig, BuildError, build
+from recipes.swe.build import main as build_main
 from recipes.swe.instance import snapshot
 
 OPS = b'''"""Small numeric helpers."""
@@ -126,6 +127,15 @@ def test_every_instance_becomes_a_valid_task_under_its_split_with_the_issue_as_i
     assert task.instruction.startswith("total() returns 1")
     assert task.grade_command == "python3 .grader/grade.py"
     assert sorted(p.name for p in (task.hidden / ".grader").iterdir()) == ["grade.py", "instance.json"]
+    assert task.git_snapshot is True and task.image is None
+    assert task.labels == {"repo": "calc", "split": "train", "bug_kind": "off_by_one"}
+
+
+def test_an_image_template_names_each_instance_its_own_image(suite: Path, tmp_path: Path) -> None:
+    assert build_main([str(suite), str(tmp_path / "out"), "--image-template", "reg.local/swe:{instance_id}",
+                       "--no-git-snapshot"]) == 0  # fmt: skip
+    task = TaskCatalog(tmp_path / "out" / "eval").get("calc-002")
+    assert (task.image, task.git_snapshot) == ("reg.local/swe:calc-002", False)
 
 
 def test_the_workspace_is_the_base_repository_in_one_commit_with_no_other_objects(built: Path, suite: Path) -> None:
