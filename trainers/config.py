@@ -25,7 +25,7 @@ class TinyModelSource(_Strict):
     """A member of the built-in tiny family (``orchard.engines.tiny``), initialised from ``seed``."""
 
     type: Literal["tiny"] = "tiny"
-    name: str = Field("tiny-llama-micro", description="Family member: tiny-llama, tiny-qwen2, tiny-llama-micro.")
+    name: str = Field("tiny-llama-micro", description="Family member (orchard.engines.tiny.TINY_MODELS).")
     seed: int = Field(0, ge=0, description="Initialisation seed (the engines' --tiny-seed for the same weights).")
 
 

@@ -159,8 +159,9 @@ def _wipe(directory: Path) -> None:
 def _proc_alive(pid: int, marker: str) -> bool:
     """Whether ``pid`` runs (not a zombie) with ``marker`` in its command line (guards against pid reuse)."""
     child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        return False
+    if child is not None:
+        # our own child: its exit status is the truth (its /proc cmdline can lag behind the exec under load)
+        return child.poll() is None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -489,10 +490,24 @@ class KafkaService:
                 _spawn(self._command(libs, n), self.log_file(n), self.node_dir(n) / "kafka.pid", self.node_dir(n))
             try:
                 self._wait_ready(self._select(node), timeout_s)
-            except ServiceError:
-                for n in spawned:  # leave nothing half-started behind
-                    self.stop(n, timeout_s=10.0)
-                raise
+            except ServiceError as first:
+                # A node restarted right after a stop can die at once while the old JVM's files and ports are still
+                # being released; one more start a moment later tells that apart from a broken configuration.
+                exited = [n for n in spawned if self.pid(n) is None]
+                if not exited:
+                    for n in spawned:  # leave nothing half-started behind
+                        self.stop(n, timeout_s=10.0)
+                    raise
+                _note(f"kafka {self.name}: {str(first).splitlines()[0]}; starting node(s) {exited} again")
+                time.sleep(3.0)
+                for n in exited:
+                    _spawn(self._command(libs, n), self.log_file(n), self.node_dir(n) / "kafka.pid", self.node_dir(n))
+                try:
+                    self._wait_ready(self._select(node), timeout_s)
+                except ServiceError:
+                    for n in spawned:
+                        self.stop(n, timeout_s=10.0)
+                    raise
 
     def stop(self, node: int | None = None, timeout_s: float = KAFKA_STOP_TIMEOUT_S) -> None:
         """Stop ``node`` (default: all nodes): SIGTERM, wait, then SIGKILL. Data is kept; a no-op when stopped."""

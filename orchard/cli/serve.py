@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
+import yaml
 from pydantic import ValidationError
 
 from orchard.cli.common import state
-from orchard.config import EmbeddedBusConfig, LocalStoreConfig, describe_validation_error
+from orchard.config import EmbeddedBusConfig, LocalStoreConfig, OrchardConfig, describe_validation_error
+from orchard.env.runtime import Runtime
 from orchard.exceptions import ConfigError
+from orchard.logging import get_logger
 
 engine_app = typer.Typer(help="Inference engines.", no_args_is_help=True)
 proxy_app = typer.Typer(help="The recording proxy.", no_args_is_help=True)
@@ -36,7 +41,16 @@ def engine_serve(
     device: str = typer.Option("cpu", "--device", help="Local engine: cpu, cuda, cuda:N, mps, or auto (a GPU if any)."),
     dtype: str = typer.Option("auto", "--dtype", help="Local engine: auto, float32, bfloat16 or float16."),
     max_context: int | None = typer.Option(None, "--max-context", help="Prompt + completion limit (default: model's)."),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="Model id of the API (default: the model's last path part)."
+    ),
+    default_max_tokens: int | None = typer.Option(
+        None, "--default-max-tokens", min=1, help="Local engine: completion length of a request giving none (256)."
+    ),
     reload: bool = typer.Option(False, "--reload/--no-reload", help="Follow policy-versions and hot-reload weights."),
+    max_version: int | None = typer.Option(
+        None, "--max-version", min=0, help="With --reload: serve no newer version (a frozen teacher or reference)."
+    ),
     backend: str = typer.Option(
         "local",
         "--backend",
@@ -55,10 +69,16 @@ def engine_serve(
     config = state(ctx).config()
     settings: dict[str, object] = {
         "type": backend, "model": model, "host": host, "port": port, "max_batch_size": max_batch_size,
-        "device": device, "dtype": dtype, "policy_updates": {"enabled": reload},
+        "device": device, "dtype": dtype, "policy_updates": {"enabled": reload, "max_version": max_version},
     }  # fmt: skip
+    if max_version is not None and not reload:
+        raise ConfigError("--max-version needs --reload (it limits the versions followed)")
     if max_context is not None:
         settings["max_context"] = max_context
+    if served_model_name is not None:
+        settings["served_model_name"] = served_model_name
+    if default_max_tokens is not None:
+        settings["default_max_tokens"] = default_max_tokens
     vllm = {"url": vllm_url, "gpu_memory_utilization": gpu_memory_utilization}
     if any(value is not None for value in vllm.values()):
         settings["vllm"] = {key: value for key, value in vllm.items() if value is not None}
@@ -101,6 +121,18 @@ def proxy_serve(
     serve_proxy(settings, config, host, port)
 
 
+def sandbox_hidden_paths(config: OrchardConfig, tasks: Path, extra: Sequence[Path] = ()) -> list[Path]:
+    """What the Env's sandboxes must not read: the embedded bus and the local store (every run's records and
+    weights), the task directories (hidden tests and graders are copied in only after the harness exits), and
+    ``extra``. The harness binaries under .orchard/harnesses stay visible."""
+    hidden = [Path(config.bus.path)] if isinstance(config.bus, EmbeddedBusConfig) else []
+    hidden += [Path(config.store.path)] if isinstance(config.store, LocalStoreConfig) else []
+    missing = [str(path) for path in extra if not Path(path).exists()]
+    if missing:
+        raise ConfigError(f"--hide: no such path {', '.join(missing)}")
+    return [path.resolve() for path in [*hidden, tasks, *extra]]
+
+
 @env_app.command("serve")
 def env_serve(
     ctx: typer.Context,
@@ -111,13 +143,30 @@ def env_serve(
     concurrency: int = typer.Option(8, "--concurrency", min=1),
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1.0, help="Wall-clock limit per episode, seconds."),
     sandboxes: Path = typer.Option(Path(".orchard/sandboxes"), "--sandboxes", help="Local runtime root."),
+    hide: list[Path] = typer.Option(
+        [], "--hide", help="Another directory sandboxes must not read (repeatable), e.g. a suite's reference fixes."
+    ),
+    runtime_kind: str = typer.Option(
+        "local", "--runtime", help="local (process trees on this machine) or kubernetes (a pod per episode)."
+    ),
+    runtime_config: Path | None = typer.Option(
+        None,
+        "--runtime-config",
+        exists=True,
+        dir_okay=False,
+        help="KubernetesRuntimeConfig YAML (kubernetes).",
+    ),
+    reap_interval_s: float = typer.Option(
+        60.0, "--reap-interval", min=1.0, help="Kubernetes: how often pods past their lifetime are deleted, seconds."
+    ),
 ) -> None:
-    """Serve the episode service on the local runtime (ORCHARD_ENV_TOKEN, ORCHARD_PROXY_ADMIN_TOKEN required)."""
+    """Serve the episode service on the local runtime (ORCHARD_ENV_TOKEN, ORCHARD_PROXY_ADMIN_TOKEN required).
+
+    Sandboxes never see the bus, the store, the task directories (hidden tests, graders) or the ``--hide`` paths."""
     import uvicorn
 
     from orchard.bus import open_bus
     from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
-    from orchard.env.local_runtime import LocalRuntime
     from orchard.env.scheduler import Scheduler
     from orchard.env.service import create_env_app
     from orchard.env.tasks import TaskCatalog
@@ -125,18 +174,68 @@ def env_serve(
     config = state(ctx).config()
     token, admin_token = _secret("ORCHARD_ENV_TOKEN"), _secret("ORCHARD_PROXY_ADMIN_TOKEN")
     bus = open_bus(config.bus)
-    # Sandboxes must not see the bus or the store (the harness binaries under .orchard/harnesses stay visible).
-    hidden = [Path(config.bus.path).resolve()] if isinstance(config.bus, EmbeddedBusConfig) else []
-    hidden += [Path(config.store.path).resolve()] if isinstance(config.store, LocalStoreConfig) else []
-    harnesses = Path(".orchard/harnesses").resolve()  # infra/local/install_harnesses.sh puts Codex CLI there
-    runtime = LocalRuntime(sandboxes, hidden_paths=hidden, shared_paths=[harnesses] if harnesses.is_dir() else [])
+    runtime = _episode_runtime(runtime_kind, runtime_config, config, tasks, hide, sandboxes)
     runner = LocalEpisodeRunner(
         runtime=runtime, tasks=TaskCatalog(tasks), proxy=ProxyAdmin(proxy, admin_token), proxy_url=proxy,
         producer=bus.producer(), run_id=config.run_id,
     )  # fmt: skip
     app = create_env_app(Scheduler(runner, concurrency=concurrency, timeout_s=timeout_s), token)
+    reaper = _Reaper(runtime, reap_interval_s) if runtime_kind == "kubernetes" else None
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
+        if reaper is not None:
+            reaper.stop()
         runtime.close()
         bus.close()
+
+
+def _episode_runtime(
+    kind: str, runtime_config: Path | None, config: OrchardConfig, tasks: Path, hide: Sequence[Path], sandboxes: Path
+) -> Runtime:
+    """The runtime ``orchard env serve`` runs episodes on."""
+    if kind == "local":
+        from orchard.env.local_runtime import LocalRuntime
+
+        if runtime_config is not None:
+            raise ConfigError("--runtime-config is for --runtime kubernetes; the local runtime takes no file")
+        hidden = sandbox_hidden_paths(config, tasks, hide)
+        harnesses = Path(".orchard/harnesses").resolve()  # infra/local/install_harnesses.sh puts Codex CLI there
+        shared = [harnesses] if harnesses.is_dir() else []
+        return LocalRuntime(sandboxes, hidden_paths=hidden, shared_paths=shared)
+    if kind != "kubernetes":
+        raise ConfigError(f"--runtime: {kind!r} is neither local nor kubernetes")
+    if runtime_config is None:
+        raise ConfigError("--runtime kubernetes needs --runtime-config FILE (a KubernetesRuntimeConfig in YAML)")
+    from orchard.env.k8s_objects import KubernetesRuntimeConfig
+    from orchard.env.kubernetes_runtime import KubernetesRuntime
+
+    try:
+        settings = KubernetesRuntimeConfig.model_validate(yaml.safe_load(runtime_config.read_text()) or {})
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--runtime-config {runtime_config}: not YAML: {exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, f"--runtime-config {runtime_config}")) from exc
+    return KubernetesRuntime(settings)
+
+
+class _Reaper:
+    """Deletes episode pods past their lifetime every ``interval_s`` (pods outlive a crashed Env otherwise)."""
+
+    def __init__(self, runtime: Runtime, interval_s: float) -> None:
+        self._runtime, self._interval_s = runtime, interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orchard-reaper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._interval_s):
+            try:
+                self._runtime.reap_expired()
+            except Exception:  # noqa: BLE001 - the API server may be briefly away; try again next time
+                get_logger("orchard.env").exception("reaping expired sandboxes failed")
+
+    def stop(self) -> None:
+        """Stop reaping (the current pass finishes first)."""
+        self._stopping.set()
+        self._thread.join(timeout=60)

@@ -1,5 +1,6 @@
-"""``orchard train value`` (the value trainer) and ``orchard eval``: held-out evaluation (``--tasks``), the reward
-curve (``--plot``) and value-model reranking of K candidates per task (``--rerank K`` with ``--source``/``--topic``).
+"""``orchard train value`` (the value trainer) and ``orchard eval``: held-out evaluation (``--tasks``; pass@K with
+``--attempts K``, value-model best-of-K with ``--rerank K``, a per-label breakdown with ``--by``), the reward curve
+(``--plot``) and value-model reranking of K candidates per task (``--rerank K`` with ``--source``/``--topic``).
 
 Both are plain typer command functions; ``orchard.cli.main`` / ``orchard.cli.train`` register them. Torch is
 imported only inside the commands, so ``orchard --help`` stays fast.
@@ -22,8 +23,12 @@ from orchard.exceptions import OrchardError
 from orchard.topics import TRAJECTORIES
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from consumers.trajectory import Trajectory
     from orchard.bus import Bus
+    from orchard.evaluation.breakdown import LabelGroup
+    from orchard.evaluation.cost import EvalCost
     from orchard.evaluation.heldout import HeldoutResult, Picker
     from orchard.store import ArtifactStore
     from trainers.rerank import LabelledCandidate, RerankReport
@@ -102,6 +107,8 @@ class HeldoutOptions:
     temperature: float | None
     timeout_s: float
     ci: str
+    attempts: int | None = None
+    by: tuple[str, ...] = ()
 
     def missing(self) -> list[str]:
         """The required options not given."""
@@ -119,6 +126,19 @@ def eval_rerank(
         min=1,
         help="Candidates per task to choose from (K; default 4 with --source/--topic). With --tasks: K episodes per "
         "held-out task, the value model picks one.",
+    ),
+    attempts: int | None = typer.Option(
+        None,
+        "--attempts",
+        min=1,
+        help="With --tasks: K episodes per task; a task is solved when any succeeds (pass@K, pass@1 beside it). "
+        "Not with --rerank.",
+    ),
+    by: list[str] | None = typer.Option(
+        None,
+        "--by",
+        metavar="LABEL",
+        help="With --tasks: break results down by this task label (repeatable; default: repo when every task has it).",
     ),
     source: Path | None = typer.Option(
         None, "--source", help="JSONL of candidates {task_id, candidate_id, text|token_ids, success?}."
@@ -153,10 +173,19 @@ def eval_rerank(
 ) -> None:
     """Evaluate: held-out success with 95% intervals (--tasks), the reward curve (--plot), or value-model reranking
     of K candidates per task (--source/--topic)."""
+    if attempts is not None and rerank is not None:
+        raise OrchardError(
+            "--attempts and --rerank are mutually exclusive: --attempts K counts a task solved when any of its K "
+            "episodes succeeds (pass@K); --rerank K lets the value model pick one of K"
+        )
+    if tasks is None and not plot and (attempts is not None or by):
+        raise OrchardError("--attempts and --by belong to a held-out evaluation: give --tasks")
     if plot:
         _plot(ctx, run_dir, window)
     elif tasks is not None:
-        options = HeldoutOptions(tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci)
+        options = HeldoutOptions(
+            tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts, tuple(by or ())
+        )
         _heldout(ctx, options, rerank, value_model, name)
     else:
         _rerank_candidates(ctx, rerank or DEFAULT_RERANK_K, source, topic, value_model, name, output)
@@ -185,9 +214,10 @@ def _plot(ctx: typer.Context, run_dir: Path | None, window: int) -> None:
 def _heldout(
     ctx: typer.Context, options: HeldoutOptions, rerank: int | None, value_model: Path | None, name: str
 ) -> None:
+    from orchard.evaluation.breakdown import breakdown_labels
     from orchard.evaluation.heldout import HeldoutConfig, evaluate_heldout
     from orchard.evaluation.results import record_stage
-    from orchard.evaluation.tasks import task_ids_in
+    from orchard.evaluation.tasks import tasks_in
     from producers.rollout.scheduler import EnvSubmitter
 
     missing = options.missing()
@@ -198,26 +228,38 @@ def _heldout(
     _use_run_config(ctx, options.run_dir)
     cli = state(ctx)
     config = cli.config()
+    tasks = tasks_in(options.tasks)
+    labels = {task.task_id: task.labels for task in tasks}
+    samples, selection = _selection(options.attempts, rerank)
     try:
         heldout = HeldoutConfig(
             run_id=config.run_id, stage=options.stage, harness=options.harness, model=options.model,
-            samples_per_task=rerank or 1, timeout_s=options.timeout_s, ci_method=options.ci,
+            samples_per_task=samples, selection=selection, by=breakdown_labels(options.by, labels.values()),
+            timeout_s=options.timeout_s, ci_method=options.ci,
             options={"harness": {"temperature": options.temperature}} if options.temperature is not None else {},
         )  # type: ignore[arg-type]  # fmt: skip
     except ValueError as exc:
         raise OrchardError(f"invalid evaluation option: {exc}") from exc
-    task_ids = task_ids_in(options.tasks)
     submitter = EnvSubmitter(options.env, options.env_token)
     with cli.bus() as bus, tempfile.TemporaryDirectory() as tmp:
         picker: Picker | None = None
-        if rerank is not None and rerank > 1:
+        if selection == "rerank":
             picker = _value_picker(ctx, bus, config.run_id, value_model, name, Path(tmp))
         try:
-            result = evaluate_heldout(bus, heldout, task_ids, submitter, picker=picker)
+            result = evaluate_heldout(bus, heldout, list(labels), submitter, picker=picker, labels=labels)
         finally:
             submitter.close()
     record_stage(options.run_dir, result)
     _print_heldout(result, options.run_dir)
+
+
+def _selection(attempts: int | None, rerank: int | None) -> tuple[int, str]:
+    """Episodes per task and the selection: pass@K for --attempts, the value model for --rerank K > 1."""
+    if attempts is not None:
+        return attempts, "pass" if attempts > 1 else "first"
+    if rerank is not None and rerank > 1:
+        return rerank, "rerank"
+    return 1, "first"
 
 
 def _value_picker(ctx: typer.Context, bus: Bus, run_id: str, value_model: Path | None, name: str, tmp: Path) -> Picker:
@@ -229,6 +271,9 @@ def _value_picker(ctx: typer.Context, bus: Bus, run_id: str, value_model: Path |
 
 
 def _print_heldout(result: HeldoutResult, run_dir: Path) -> None:
+    from orchard.evaluation.report import selection_text
+    from orchard.evaluation.results import stage_paths
+
     success = result.success
     console.print(
         f"stage {result.stage}: success {success.rate:.1%} ({success.successes}/{success.n}), "
@@ -236,11 +281,41 @@ def _print_heldout(result: HeldoutResult, run_dir: Path) -> None:
         f"{result.wall_time_s:.1f}s"
     )
     if result.samples_per_task > 1:
-        console.print(f"best of {result.samples_per_task}: any success {result.any_success:.1%}, "
-                      f"mean over samples {result.mean_success:.1%}")  # fmt: skip
+        line = (f"selection {selection_text(result.selection, result.samples_per_task)}; "
+                f"pass@{result.samples_per_task} {result.any_success:.1%}, "
+                f"pass@1 {result.mean_success:.1%} (mean over attempts)")  # fmt: skip
+        console.print(line, highlight=False, soft_wrap=True)
+    for label, groups in result.breakdowns.items():
+        console.print(_breakdown_table(label, groups))
+    if result.cost is not None:
+        console.print(_cost_line(result.cost), highlight=False, soft_wrap=True)
     if result.missing:
         console.print(f"[yellow]{len(result.missing)} episode(s) had no outcome in time; counted as failures[/]")
-    console.print(f"results table: {run_dir / 'results.md'}")
+    detail_json, detail_md = stage_paths(run_dir, result.stage)
+    console.print(f"results table: {run_dir / 'results.md'}", soft_wrap=True)
+    console.print(f"stage detail: {detail_md} and {detail_json}", soft_wrap=True)
+
+
+def _breakdown_table(label: str, groups: list[LabelGroup]) -> Table:
+    from rich.table import Table
+
+    table = Table(title=f"by {label}", title_justify="left")
+    for column in (label, "tasks", "success", "95% CI", "pass@1"):
+        table.add_column(column, justify="left" if column == label else "right")
+    for g in groups:
+        table.add_row(g.value, str(g.success.n), f"{g.success.rate:.1%} ({g.success.successes}/{g.success.n})",
+                      f"[{g.success.low:.1%}, {g.success.high:.1%}]", f"{g.pass_at_1:.1%}")  # fmt: skip
+    return table
+
+
+def _cost_line(cost: EvalCost) -> str:
+    tokens = "tokens not counted"
+    if cost.prompt_tokens is not None and cost.completion_tokens is not None:
+        partial = "" if cost.tokens_complete else f" (from {cost.calls_read} of {cost.model_calls} calls only)"
+        tokens = f"{cost.prompt_tokens:,} prompt + {cost.completion_tokens:,} completion tokens{partial}"
+    mean = "" if cost.mean_episode_time_s is None else f", {cost.mean_episode_time_s:.1f}s mean"
+    return (f"cost: {cost.model_calls:,} model calls, {tokens}, wall {cost.wall_time_s:.1f}s, "
+            f"episodes {cost.episode_time_s:.1f}s in total{mean}")  # fmt: skip
 
 
 def _rerank_candidates(

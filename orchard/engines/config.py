@@ -44,6 +44,12 @@ class PolicyUpdatesConfig(BaseModel):
     )
     run_id: str | None = Field(None, description="The run to follow; default: the Orchard config's run_id.")
     catch_up: bool = Field(True, description="At start, load the newest version already in the store if it is newer.")
+    max_version: int | None = Field(
+        None,
+        ge=0,
+        description="Serve no version above this one: a frozen earlier policy (a distillation teacher, a reference). "
+        "Its catch-up finishes before the engine answers, so a healthy engine already serves it.",
+    )
     download_dir: Path | None = Field(
         None, description="Where versions are downloaded (a temporary directory if unset)."
     )
@@ -154,6 +160,8 @@ class EngineConfig(BaseModel):
     def _backend_options(self) -> EngineConfig:
         if self.type == "local" and "vllm" in self.model_fields_set:
             raise ValueError("vllm: settings given, but type is 'local' (set type: vllm to use them)")
+        if self.type == "vllm" and self.policy_updates.max_version is not None:
+            raise ValueError("policy_updates.max_version: only the local engine serves a pinned version")
         return self
 
 

@@ -68,6 +68,7 @@ class PolicyReloader:
         run_id: str,
         model: str,
         catch_up: bool = True,
+        max_version: int | None = None,
         download_dir: Path | None = None,
         poll_timeout_s: float = 0.5,
         codec: Codec | None = None,
@@ -79,6 +80,7 @@ class PolicyReloader:
         self.run_id = run_id
         self.model = model
         self.catch_up = catch_up
+        self.max_version = max_version
         self.download_dir = download_dir
         self.poll_timeout_s = poll_timeout_s
         self.codec = codec or Codec.default()
@@ -102,6 +104,10 @@ class PolicyReloader:
         """Subscribe (from the end of the topic) and start following in a background thread."""
         self.bus.create_topic(POLICY_VERSIONS, TOPICS_BY_NAME[POLICY_VERSIONS].partitions, exist_ok=True)
         consumer = self.bus.consumer([POLICY_VERSIONS], start="latest")
+        if self.catch_up and self.max_version is not None:
+            # a pinned version must be served before anyone is answered (the app starts this in its lifespan)
+            self._poll_once(consumer, timeout_s=0.0)
+            self._catch_up()
         self._thread = threading.Thread(target=self._run, args=(consumer,), name="orchard-reloader", daemon=True)
         self._thread.start()
 
@@ -117,7 +123,7 @@ class PolicyReloader:
     def _run(self, consumer: Consumer) -> None:
         try:
             self._poll_once(consumer, timeout_s=0.0)  # takes the partition (Kafka assigns lazily) before catching up
-            if self.catch_up:
+            if self.catch_up and self.max_version is None:
                 self._catch_up()
             while not self._stop.is_set():
                 self._poll_once(consumer, self.poll_timeout_s)
@@ -145,6 +151,7 @@ class PolicyReloader:
 
     def _newest(self, records: Any) -> dict[str, Any] | None:
         mine = [r for r in records if r and r["run_id"] == self.run_id and r["model"] == self.model]
+        mine = [r for r in mine if self.max_version is None or int(r["version"]) <= self.max_version]
         newest = max(mine, key=lambda r: int(r["version"]), default=None)
         if newest is not None and int(newest["version"]) <= self.engine.policy_version:
             log.info("policy version not newer than the one served, ignored", version=newest["version"])
@@ -153,6 +160,8 @@ class PolicyReloader:
 
     def _catch_up(self) -> None:
         latest = self.store.latest_version(self._artifact)
+        if latest is not None and self.max_version is not None and latest > self.max_version:
+            latest = self.max_version if self.max_version in self.store.list_versions(self._artifact) else None
         if latest is not None and latest > self.engine.policy_version:
             log.info("catching up with the newest stored version", version=latest)
             self.apply(latest, None)
@@ -206,6 +215,7 @@ def open_reloader(engine: LocalEngine, config: PolicyUpdatesConfig, orchard_conf
         run_id=config.run_id or orchard_config.run_id,
         model=config.model,
         catch_up=config.catch_up,
+        max_version=config.max_version,
         download_dir=config.download_dir,
         poll_timeout_s=config.poll_timeout_s,
         owns_backends=True,

@@ -144,10 +144,6 @@ def tokenizer_corpus() -> str:
     return _CORPUS + _agent_corpus() * AGENT_CORPUS_REPEATS
 
 
-TOKENIZER_REVISION = hashlib.sha256(tokenizer_corpus().encode()).hexdigest()[:8]
-"""Part of a cached checkpoint's directory name: a new corpus (a new tokenizer) never reuses an old build."""
-
-
 @dataclass(frozen=True)
 class TinySpec:
     """Shape of one member of the tiny family."""
@@ -165,8 +161,15 @@ TINY_MODELS: dict[str, TinySpec] = {
     "tiny-llama": TinySpec("llama"),
     "tiny-qwen2": TinySpec("qwen2"),
     "tiny-llama-micro": TinySpec("llama", hidden_size=64, intermediate_size=172, num_hidden_layers=2),
+    "tiny-llama-8k": TinySpec("llama", max_position_embeddings=8192),
 }
-"""The family: ``tiny-llama`` (~3M parameters), ``tiny-qwen2`` (same shape, Qwen2 blocks), ``tiny-llama-micro``."""
+"""The family: ``tiny-llama`` (~3M parameters), ``tiny-qwen2`` (same shape, Qwen2 blocks), ``tiny-llama-micro``, and
+``tiny-llama-8k`` (``tiny-llama`` with an 8192-token context, for multi-turn episodes that read whole source files)."""
+
+TOKENIZER_REVISION = hashlib.sha256(
+    (tokenizer_corpus() + str(max(spec.max_position_embeddings for spec in TINY_MODELS.values()))).encode()
+).hexdigest()[:8]
+"""Part of a cached checkpoint's directory name: a new corpus or context length never reuses an old build."""
 
 
 def is_tiny_name(model: str) -> bool:

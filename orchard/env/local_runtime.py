@@ -160,7 +160,7 @@ class LocalRuntime(Runtime):
         started = time.perf_counter()
         resources = self.provisioner.provision(spec)
         sandbox = LocalSandbox(self, spec, resources)
-        log.debug("sandbox_created", sandbox=spec.sandbox_id, ms=round((time.perf_counter() - started) * 1000, 2))
+        log.info("sandbox_created", sandbox=spec.sandbox_id, ms=round((time.perf_counter() - started) * 1000, 2))
         return sandbox
 
     def _check_source(self, spec: SandboxSpec) -> None:

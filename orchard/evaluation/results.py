@@ -2,8 +2,12 @@
 
 ``results.json`` is the source of truth; ``results.md`` is rendered from it on every write. Recording a stage that is
 already in the table replaces its row in place (evaluating a stage again, e.g. after a resume, never duplicates it);
-a new stage is appended. Both files are replaced atomically. Per-task detail of a stage goes to
-``RUN_DIR/eval/<stage>.json``.
+a new stage is appended. Both files are replaced atomically. A stage's detail goes to ``RUN_DIR/eval/<stage>.json``
+(summary, breakdowns, cost, every task's labels and episodes) and ``RUN_DIR/eval/<stage>.md`` (the same, readable).
+
+Each row says how its figure was obtained (``selection``: ``first``, ``pass@K`` or ``rerank@K``) and what it cost.
+Rows written before those columns existed read back with defaults: ``selection`` is ``rerank@K`` for a row of K > 1
+samples (``--rerank`` was the only way to get one), else ``first``; the cost columns are unknown (None).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from orchard.evaluation.exceptions import ResultsError
 from orchard.evaluation.heldout import HeldoutResult
+from orchard.evaluation.report import render_stage_markdown
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -41,10 +46,25 @@ class StageRow:
     samples_per_task: int = 1
     missing: int = 0
     evaluated_at: str = ""
+    selection: str = "first"
+    pass_at_1: float | None = None
+    model_calls: int | None = None
+    calls_read: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    episode_time_s: float | None = None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Prompt plus completion tokens (None when unknown)."""
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return self.prompt_tokens + self.completion_tokens
 
     @classmethod
     def from_result(cls, result: HeldoutResult) -> StageRow:
         """The row of a held-out evaluation."""
+        cost = result.cost
         return cls(
             stage=result.stage,
             tasks=result.success.n,
@@ -59,14 +79,26 @@ class StageRow:
             samples_per_task=result.samples_per_task,
             missing=len(result.missing),
             evaluated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            selection=result.selection,
+            pass_at_1=result.mean_success,
+            model_calls=None if cost is None else cost.model_calls,
+            calls_read=None if cost is None else cost.calls_read,
+            prompt_tokens=None if cost is None else cost.prompt_tokens,
+            completion_tokens=None if cost is None else cost.completion_tokens,
+            episode_time_s=None if cost is None else cost.episode_time_s,
         )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageRow:
-        """A row read back from ``results.json`` (unknown keys ignored, so older readers accept newer files)."""
+        """A row read back from ``results.json`` (unknown keys ignored, so older readers accept newer files; keys
+        an older writer lacked get their defaults, ``selection`` inferred from ``samples_per_task``)."""
         known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        if "selection" not in values:
+            samples = values.get("samples_per_task", 1)
+            values["selection"] = f"rerank@{samples}" if isinstance(samples, int) and samples > 1 else "first"
         try:
-            return cls(**{key: value for key, value in data.items() if key in known})
+            return cls(**values)
         except TypeError as exc:
             raise ResultsError(f"malformed row in {RESULTS_JSON}: {data!r} ({exc})") from exc
 
@@ -96,9 +128,16 @@ def record_stage(run_dir: Path, result: HeldoutResult) -> list[StageRow]:
     run_dir.mkdir(parents=True, exist_ok=True)
     rows = upsert(read_rows(run_dir), StageRow.from_result(result))
     write_table(run_dir, rows)
-    (run_dir / DETAIL_DIR).mkdir(exist_ok=True)
-    _atomic_write(run_dir / DETAIL_DIR / f"{result.stage}.json", json.dumps(result.to_json(), indent=1) + "\n")
+    detail = stage_paths(run_dir, result.stage)
+    detail[0].parent.mkdir(exist_ok=True)
+    _atomic_write(detail[0], json.dumps(result.to_json(), indent=1) + "\n")
+    _atomic_write(detail[1], render_stage_markdown(result))
     return rows
+
+
+def stage_paths(run_dir: Path, stage: str) -> tuple[Path, Path]:
+    """The JSON and Markdown detail files of ``stage`` in ``run_dir``."""
+    return run_dir / DETAIL_DIR / f"{stage}.json", run_dir / DETAIL_DIR / f"{stage}.md"
 
 
 def write_table(run_dir: Path, rows: list[StageRow]) -> None:
@@ -109,28 +148,51 @@ def write_table(run_dir: Path, rows: list[StageRow]) -> None:
 
 
 def render_markdown(rows: list[StageRow]) -> str:
-    """The table as Markdown: rates as percentages, intervals in brackets, wall time in seconds.
+    """The table as Markdown: rates as percentages, intervals in brackets, wall time in seconds, '-' for unknown.
 
     >>> row = StageRow("sft", 4, 3, 0.75, 0.3006, 0.9544, 0.8, 0.5, 1.1, 12.34)
     >>> render_markdown([row]).splitlines()[2]
-    '| sft | 4 | 75.0% (3/4) | [30.1%, 95.4%] | 0.800 [0.500, 1.100] | 12.3 |'
+    '| sft | first | 4 | 75.0% (3/4) | [30.1%, 95.4%] | - | 0.800 [0.500, 1.100] | - | - | 12.3 |'
     """
     lines = [
-        "| stage | tasks | success rate | 95% CI | mean reward [95% CI] | wall time (s) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| stage | selection | tasks | success rate | 95% CI | pass@1 | mean reward [95% CI] | model calls | tokens "
+        "| wall time (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
-            f"| {row.stage} | {row.tasks} | {row.success_rate:.1%} ({row.successes}/{row.tasks}) "
-            f"| [{row.success_ci_low:.1%}, {row.success_ci_high:.1%}] "
+            f"| {row.stage} | {row.selection} | {row.tasks} | {row.success_rate:.1%} ({row.successes}/{row.tasks}) "
+            f"| [{row.success_ci_low:.1%}, {row.success_ci_high:.1%}] | {_percent(row.pass_at_1)} "
             f"| {row.mean_reward:.3f} {_interval(row.reward_ci_low, row.reward_ci_high)}"
-            f"| {row.wall_time_s:.1f} |"
+            f"| {_count(row.model_calls)} | {_count(row.total_tokens)} | {row.wall_time_s:.1f} |"
         )
-    notes = [f"- {row.stage}: best of {row.samples_per_task} per task" for row in rows if row.samples_per_task > 1]
+    notes = [_selection_note(row) for row in rows if row.samples_per_task > 1]
     notes += [
         f"- {row.stage}: {row.missing} episode(s) without outcome, counted as failures" for row in rows if row.missing
     ]
+    notes += [
+        f"- {row.stage}: tokens of {row.calls_read} of {row.model_calls} model calls only (the rest not read in time)"
+        for row in rows
+        if row.calls_read is not None and row.model_calls is not None and row.calls_read < row.model_calls
+    ]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def _selection_note(row: StageRow) -> str:
+    k = row.samples_per_task
+    if row.selection.startswith("pass@"):
+        return f"- {row.stage}: {k} attempts per task, solved when any succeeds (pass@{k}); pass@1 over all attempts"
+    if row.selection.startswith("rerank@"):
+        return f"- {row.stage}: {k} attempts per task, the value model picks the one that counts"
+    return f"- {row.stage}: {k} attempts per task, the first one counts"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def _interval(low: float | None, high: float | None) -> str:

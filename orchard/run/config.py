@@ -468,6 +468,7 @@ def parse_run_config(data: Any, source: str, base_dir: Path | None = None) -> Ru
             setattr(spec, field, value)
         if isinstance(spec, CommandComponent):
             spec.run = [word.replace(RECIPE_DIR, recipe_dir) for word in spec.run]
+        spec.args = [word.replace(RECIPE_DIR, recipe_dir) for word in spec.args]
     return config
 
 

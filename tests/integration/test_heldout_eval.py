@@ -1,12 +1,14 @@
 """``orchard eval --tasks``: a held-out evaluation through a real Orchard Env service (REST, scheduler, local
 sandboxes, the built-in harness, the recording proxy, the recipe's grader) on the file-lookup eval split, the
 scripted expert solving some tasks and failing others; the run's results table gets the stage's success rate and
-Wilson interval, and ``orchard eval --plot`` draws the reward curve from the same bus."""
+Wilson interval, and ``orchard eval --plot`` draws the reward curve from the same bus. ``--attempts 2`` scores
+pass@2 beside pass@1, broken down by the tasks' ``repo`` label, with the calls and tokens the episodes cost."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,10 @@ from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Scheduler
 from orchard.env.service import create_env_app
 from orchard.env.tasks import TaskCatalog
+from orchard.evaluation.cost import CLOCK_MARGIN_MS, TokenCount, read_token_counts
 from orchard.evaluation.heldout import eval_episode_id
 from orchard.evaluation.stats import wilson_interval
+from orchard.tokens import pack_logprobs, pack_token_ids
 from orchard.topics import OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from recipes.file_lookup.expert import DemoKind, Expert, ExpertBackend
@@ -40,6 +44,12 @@ ENV_TOKEN = "env-secret-0123456789"  # noqa: S105
 STAGE = "sft"
 KINDS = [DemoKind.PERFECT, DemoKind.WRONG_KEY, DemoKind.PERFECT, DemoKind.NO_ANSWER]
 """What the expert does on eval tasks 0..3: two solved, two failed (rewards 1, 0, 1, 0)."""
+PASS_STAGE = "pass2"  # noqa: S105 - a stage name
+RETRY_KINDS = [DemoKind.WRONG_KEY, DemoKind.PERFECT, DemoKind.PERFECT, DemoKind.NO_ANSWER]
+"""The second attempts of stage ``pass2`` (its first attempts are ``KINDS``): tasks 0..2 solved by one attempt or
+both, task 3 by none: pass@2 3/4, pass@1 4/8."""
+REPOS = ["alpha", "beta", "alpha", "beta"]
+"""The ``repo`` label of eval tasks 0..3 (written into their task.yaml)."""
 
 
 @pytest.fixture
@@ -50,10 +60,13 @@ def env_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[
     generate(LookupConfig(train_tasks=0, eval_tasks=len(KINDS)), tmp_path / "tasks")
     eval_dir = tmp_path / "tasks" / "eval"
     backend, expert = ExpertBackend(model=MODEL, policy_version=3), Expert()
-    for directory, kind in zip(sorted(eval_dir.iterdir()), KINDS, strict=True):
+    for directory, kind, retry, repo in zip(sorted(eval_dir.iterdir()), KINDS, RETRY_KINDS, REPOS, strict=True):
+        spec = yaml.safe_load((directory / "task.yaml").read_text())
+        (directory / "task.yaml").write_text(yaml.safe_dump(spec | {"labels": {"repo": repo, "split": "eval"}}))
         task = LookupTask.from_directory(directory)
-        episode_id = eval_episode_id(RUN_ID, STAGE, task.task_id, 0)
-        backend.register(episode_id, expert.demonstrate(task, episode_id, kind).plan)
+        for stage, index, plan_kind in ((STAGE, 0, kind), (PASS_STAGE, 0, kind), (PASS_STAGE, 1, retry)):
+            episode_id = eval_episode_id(RUN_ID, stage, task.task_id, index)
+            backend.register(episode_id, expert.demonstrate(task, episode_id, plan_kind).plan)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     config = {"run_id": RUN_ID, "bus": {"type": "embedded", "path": str(tmp_path / "bus")},
@@ -120,7 +133,8 @@ def test_heldout_evaluation_through_env_writes_the_stage_success_rate_and_wilson
     assert (stages[0]["success_ci_low"], stages[0]["success_ci_high"]) == (low, high)
     assert stages[0]["mean_reward"] == 0.5
     assert 0 < stages[0]["wall_time_s"] < 120
-    assert "| sft | 4 | 50.0% (2/4) | [15.0%, 85.0%] |" in (run_dir / "results.md").read_text()
+    assert "| sft | first | 4 | 50.0% (2/4) | [15.0%, 85.0%] | 50.0% |" in (run_dir / "results.md").read_text()
+    assert "by repo" in result.output  # every task has a repo label: the default breakdown
     detail = json.loads((run_dir / "eval" / "sft.json").read_text())
     assert [t["episodes"][0]["status"] for t in detail["tasks"]] == ["SUCCEEDED", "FAILED", "SUCCEEDED", "FAILED"]
     assert [t["episodes"][0]["reward"] for t in detail["tasks"]] == [1.0, 0.0, 1.0, 0.0]
@@ -147,6 +161,41 @@ def test_heldout_evaluation_through_env_writes_the_stage_success_rate_and_wilson
     assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_pass_at_2_through_env_reports_pass_at_1_beside_it_by_repo_with_calls_and_tokens(
+    env_stack: dict[str, Any],
+) -> None:
+    run_dir: Path = env_stack["run_dir"]
+
+    result = orchard_eval(
+        "--tasks", str(env_stack["tasks"]), "--env", env_stack["env"], "--env-token", ENV_TOKEN, "--model", MODEL,
+        "--stage", PASS_STAGE, "--run-dir", str(run_dir), "--timeout", "120", "--attempts", "2",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "stage pass2: success 75.0% (3/4)" in result.output
+    assert "pass@2 75.0%, pass@1 50.0% (mean over attempts)" in result.output
+    (row,) = json.loads((run_dir / "results.json").read_text())["stages"]
+    assert (row["selection"], row["samples_per_task"], row["successes"], row["pass_at_1"]) == ("pass@2", 2, 3, 0.5)
+    assert row["success_rate"] >= row["pass_at_1"]
+    detail = json.loads((run_dir / "eval" / "pass2.json").read_text())
+    assert [(t["labels"]["repo"], len(t["episodes"])) for t in detail["tasks"]] == [(repo, 2) for repo in REPOS]
+    assert [(g["value"], g["successes"], g["tasks"], g["pass_at_1"]) for g in detail["breakdown"]["repo"]] == [
+        ("alpha", 2, 2, 0.75), ("beta", 1, 2, 0.25),
+    ]  # fmt: skip
+    cost = detail["cost"]
+    calls = sum(e["num_model_calls"] for t in detail["tasks"] for e in t["episodes"])
+    assert calls > 0
+    assert (cost["model_calls"], cost["calls_read"], cost["tokens_complete"]) == (calls, calls, True)
+    assert cost["prompt_tokens"] > 0 and cost["completion_tokens"] > 0
+    assert (row["model_calls"], row["prompt_tokens"], row["completion_tokens"]) == (
+        calls, cost["prompt_tokens"], cost["completion_tokens"],
+    )  # fmt: skip
+    assert 0 < cost["episode_time_s"] and cost["timed_episodes"] == 8
+    report = (run_dir / "eval" / "pass2.md").read_text()
+    assert "| alpha | 2 | 100.0% (2/2) | [34.2%, 100.0%] | 75.0% |" in report
+    assert f"| {calls} | {cost['prompt_tokens']:,} | {cost['completion_tokens']:,} |" in report
+
+
 def test_heldout_evaluation_names_every_missing_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ORCHARD_ENV_TOKEN", raising=False)
 
@@ -157,3 +206,38 @@ def test_heldout_evaluation_names_every_missing_option(tmp_path: Path, monkeypat
         "a held-out evaluation (--tasks) also needs --env, --env-token (or ORCHARD_ENV_TOKEN), --stage, --run-dir"
     )
     assert "--plot needs --run-dir" in str(orchard_eval("--plot").exception)
+    both = orchard_eval("--tasks", str(tmp_path), "--attempts", "2", "--rerank", "2")
+    assert str(both.exception).startswith("--attempts and --rerank are mutually exclusive")
+    assert "give --tasks" in str(orchard_eval("--attempts", "2").exception)
+
+
+def test_token_counts_read_the_wanted_calls_from_the_episode_start_on_each_bus_backend(
+    bus: Bus, unique_name: Callable[[str], str]
+) -> None:
+    topic, codec, t0 = unique_name("calls"), Codec.default(), 1_700_000_000_000
+    bus.create_topic(topic, 2)
+
+    def call(episode_id: str, index: int, prompt: int, completion: int) -> bytes:
+        return codec.encode("ModelCall", {
+            "run_id": RUN_ID, "episode_id": episode_id, "task_id": "t", "call_index": index, "harness": "builtin",
+            "api_flavour": "CHAT", "model": MODEL, "policy_version": 0, "request_messages_json": "[]",
+            "response_text": "", "finish_reason": "stop", "prompt_token_ids": pack_token_ids(range(prompt)),
+            "completion_token_ids": pack_token_ids(range(completion)),
+            "completion_logprobs": pack_logprobs([0.0] * completion), "latency_ms": 1.0, "timestamp": t0,
+        })  # fmt: skip
+
+    with bus.producer() as producer:
+        # an old call of "a" (before the episodes started: not read), then the episodes' calls and another episode's
+        sends = [("a", 9, 1000, 1000, t0 - CLOCK_MARGIN_MS - 60_000), ("a", 0, 10, 2, t0), ("b", 0, 50, 5, t0),
+                 ("x", 0, 7, 7, t0), ("a", 1, 20, 3, t0 + 1)]  # fmt: skip
+        for episode_id, index, prompt, completion, at in sends:
+            producer.produce(topic, call(episode_id, index, prompt, completion), episode_id.encode(), timestamp_ms=at)
+        producer.flush()
+
+    started = time.monotonic()
+    wanted = read_token_counts(bus, {"a": 2, "b": 1}, deadline=time.monotonic() + 60, since_ms=t0, topic=topic)
+    partial = read_token_counts(bus, {"a": 5}, deadline=time.monotonic() + 60, since_ms=t0, topic=topic)
+
+    assert wanted == TokenCount(calls=3, prompt_tokens=80, completion_tokens=10)
+    assert partial == TokenCount(calls=2, prompt_tokens=30, completion_tokens=5)  # stopped at the topic's end
+    assert time.monotonic() - started < 30

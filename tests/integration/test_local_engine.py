@@ -583,6 +583,33 @@ async def test_corrupt_or_partial_versions_are_refused(tmp_path: Path, checkpoin
     assert_logprobs_match(v1, trace)
 
 
+@pytest.mark.asyncio
+async def test_a_pinned_engine_serves_its_version_from_the_first_request_and_never_a_newer_one(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
+    store = open_store(LocalStoreConfig(path=tmp_path / "store"))
+    bus.create_topic(POLICY_VERSIONS, 1)
+    producer = bus.producer()
+    publish = {"run_id": "r1", "model": "policy", "trainer_step": 1}
+    for version, seed in ((1, "v1"), (2, "v2")):  # both published before the engine starts
+        publish_policy_version(store, producer, version=version, files=checkpoint_files(checkpoints[seed]), **publish)
+    engine = LocalEngine(checkpoints["v0"], model_name=MODEL, cpu_threads=1)
+    reloader = PolicyReloader(engine, bus, store, run_id="r1", model="policy", poll_timeout_s=0.1, max_version=1)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "seed": 1}
+    with serve_in_thread(create_engine_app(engine, reloader=reloader)) as url:
+        async with client(url) as http:
+            first = (await http.post(CHAT, json=body)).json()  # no wait: the pin is installed before serving
+            publish_policy_version(store, producer, version=3, files=checkpoint_files(checkpoints["v2"]), **publish)
+            await asyncio.sleep(1.0)
+            later = (await http.post(CHAT, json=body)).json()
+    producer.close()
+    bus.close()
+    assert reloader.applied == [1] and reloader.refused == []
+    assert trace_of(first).policy_version == trace_of(later).policy_version == 1
+    assert_logprobs_match(load_reference(checkpoints["v1"]), trace_of(first))
+
+
 async def _until(condition: Any, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

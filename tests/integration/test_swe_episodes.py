@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from orchard.bus import open_bus
-from orchard.config import EmbeddedBusConfig
+from orchard.cli.serve import sandbox_hidden_paths
+from orchard.config import EmbeddedBusConfig, OrchardConfig
+from orchard.engines.scripted import ScriptedPlan
 from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
@@ -25,7 +27,7 @@ from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from recipes.file_lookup.expert import ExpertBackend
 from recipes.swe.build import SUITE_DIR, BuildConfig, write_task
-from recipes.swe.expert import DIALECTS, MODEL, Dialect, expert_episode_id, expert_plan
+from recipes.swe.expert import DIALECTS, MODEL, Dialect, dialect_steps, expert_episode_id, expert_plan
 from tests.integration.test_episodes import (
     ADMIN,
     FLAVOURS,
@@ -54,12 +56,18 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     backend = BackgroundServer(backend_log, lifespan="off").start()
     settings = ProxySettings(backend_base_url=f"{backend.url}/v1", admin_token=ADMIN, run_id="run-e2e")
     proxy = BackgroundServer(create_proxy_app(settings, bus)).start()
-    runtime = LocalRuntime(tmp_path / "sandboxes", shared_paths=[HARNESSES] if HARNESSES.is_dir() else [])
     config = BuildConfig(python=sys.executable, harness_timeout_s=120, grade_timeout_s=120)
     instance = write_task(INSTANCE, tmp_path / "tasks" / INSTANCE.name, config)
+    # what `orchard env serve --tasks TASKS --hide SUITE` hides from its sandboxes
+    orchard_config = OrchardConfig(
+        bus=EmbeddedBusConfig(path=tmp_path / "bus"), store={"type": "local", "path": str(tmp_path / "store")}
+    )
+    hidden = sandbox_hidden_paths(orchard_config, tmp_path / "tasks", [SUITE_DIR])
+    shared = [HARNESSES] if HARNESSES.is_dir() else []
+    runtime = LocalRuntime(tmp_path / "sandboxes", hidden_paths=hidden, shared_paths=shared)
     yield {
         "expert": expert, "backend_log": backend_log, "bus": bus, "proxy": proxy, "runtime": runtime,
-        "tasks": TaskCatalog(tmp_path / "tasks"), "instance": instance,
+        "tasks": TaskCatalog(tmp_path / "tasks"), "instance": instance, "root": tmp_path,
     }  # fmt: skip
     runtime.close()
     proxy.stop()
@@ -133,3 +141,36 @@ def test_an_expert_that_only_explores_fails_the_hidden_tests(stack: dict[str, An
     )  # fmt: skip
     assert outcome["signals"]["f2p_fraction"] == 0.0
     assert stack["runtime"].list() == []
+
+
+def test_an_agent_searching_the_filesystem_and_git_history_finds_neither_the_hidden_tests_nor_the_fix(
+    stack: dict[str, Any],
+) -> None:
+    root: Path = stack["root"]
+    task_dir, suite_dir = root / "tasks" / INSTANCE.name, SUITE_DIR / INSTANCE.name
+    hidden_test, fixed_line = "test_first_delay_is_base", "delay = base * factor**i"  # only in hidden_tests/, fix/
+    assert hidden_test in (task_dir / "hidden" / ".grader" / "instance.json").read_text()
+    assert fixed_line in (suite_dir / "fix" / "retry" / "policy.py").read_text()
+    # the patterns match the secrets without spelling them, so only a command's output can contain them
+    patterns = "-e test_first_delay_is_bas[e] -e 'factor[*][*]i$'"
+    snoop = [
+        f"grep -rIl {patterns} {root} {SUITE_DIR.parents[2]} /tmp /home . --exclude-dir=.venv 2>/dev/null | head; "
+        "echo searched",
+        f"ls -la {task_dir} {suite_dir} 2>&1; cat {task_dir}/hidden/.grader/instance.json 2>&1",
+        f"cat {suite_dir}/fix/retry/policy.py {suite_dir}/hidden_tests/tests/*.py 2>&1",
+        f"git log --all --oneline; git log --all -p | grep -c {patterns}; git fsck --lost-found 2>&1 | head; "
+        "echo history-done",
+    ]
+    episode_id = "snoop-" + INSTANCE.name
+    plan = ScriptedPlan(steps=dialect_steps(snoop, "builtin"), final_text="done", model=MODEL)
+    stack["expert"].register(episode_id, plan)
+    request = {"task_id": INSTANCE.name, "harness": "builtin", "model": MODEL}
+    [episode] = run_episodes(stack, {episode_id: request}, timeout_s=240)
+    assert episode.state == EpisodeState.FAILED, (episode.error, episode.result)
+
+    last = [body for e, body in stack["backend_log"].requests if e == episode_id][-1]
+    outputs = "\n".join(str(m["content"]) for m in last["messages"] if m["role"] == "tool")
+    assert "searched" in outputs and "history-done" in outputs, outputs[-3000:]
+    assert outputs.count("No such file or directory") >= 3, outputs[-3000:]  # the task and suite are not there
+    assert hidden_test not in outputs and "factor**i" not in outputs, outputs[-4000:]
+    assert "1 task" in outputs or "task" in outputs.split("history-done")[0]  # the one-commit git snapshot

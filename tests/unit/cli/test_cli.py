@@ -119,6 +119,29 @@ def test_env_serve_refuses_to_start_without_its_secrets(tmp_path: Path) -> None:
     assert "ORCHARD_ENV_TOKEN must be set" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--runtime", "kubernetes"], "--runtime kubernetes needs --runtime-config FILE"),
+        (["--runtime", "kubernetes", "--runtime-config", "{bad}"], "namespace"),
+        (["--runtime", "podman"], "'podman' is neither local nor kubernetes"),
+        (["--runtime-config", "{bad}"], "--runtime-config is for --runtime kubernetes"),
+        (["--hide", "{missing}"], "--hide: no such path"),
+    ],
+)
+def test_env_serve_names_the_bad_runtime_option(tmp_path: Path, options: list[str], message: str) -> None:
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "bad.yaml").write_text("namespace: Not_A_Namespace\n")
+    paths = {"{bad}": str(tmp_path / "bad.yaml"), "{missing}": str(tmp_path / "missing")}
+    secrets = {"ORCHARD_ENV_TOKEN": "env-secret-0123456789", "ORCHARD_PROXY_ADMIN_TOKEN": "admin-secret-0123456789"}
+    result = orchard(
+        "env", "serve", "--tasks", str(tmp_path / "tasks"), "--proxy", "http://127.0.0.1:9",
+        *[paths.get(word, word) for word in options], cwd=tmp_path, env=secrets,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr
+
+
 def test_engine_scripted_serves_a_plan_over_the_openai_api(tmp_path: Path) -> None:
     import socket
     import time

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, Qwen2ForCausalLM
 
 from orchard.engines.tiny import (
     BUILD_INFO_FILE,
@@ -73,7 +73,9 @@ def test_build_is_deterministic(checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_family_members_and_cache(tmp_path: Path) -> None:
-    assert sorted(TINY_MODELS) == ["tiny-llama", "tiny-llama-micro", "tiny-qwen2"]
+    assert sorted(TINY_MODELS) == ["tiny-llama", "tiny-llama-8k", "tiny-llama-micro", "tiny-qwen2"]
+    long = AutoConfig.from_pretrained(build_tiny_checkpoint("tiny-llama-8k", tmp_path / "8k"))
+    assert (long.max_position_embeddings, long.hidden_size) == (8192, TINY_MODELS["tiny-llama"].hidden_size)
     assert is_tiny_name("tiny-qwen2") and not is_tiny_name("/models/tiny-qwen2")
     built = ensure_tiny_checkpoint("tiny-qwen2", tmp_path, seed=3)
     assert built == tmp_path / f"tiny-qwen2-seed3-tok{TOKENIZER_REVISION}"  # a new tokenizer never reuses a build
@@ -151,4 +153,4 @@ def test_the_built_in_agents_preamble_is_a_few_hundred_tokens() -> None:
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "List the files."}]
     preamble = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=True, add_generation_prompt=True)
     assert len(preamble) < 360
-    assert tokenizer.tokenize(' "shell", "arguments"') == ["Ġ\"", "shell", "\",", "Ġ\"", "arguments", "\""]
+    assert tokenizer.tokenize(' "shell", "arguments"') == ['Ġ"', "shell", '",', 'Ġ"', "arguments", '"']
