@@ -49,7 +49,8 @@ ENVS = {"env": "demos", "rl-env": "rl-bar + dense", "eval-env": "evaluations"}
 
 def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe with the benchmark's sizes (options left at None keep the recipe's values) and free ports."""
-    recipe: dict[str, Any] = yaml.safe_load(RECIPE.read_text())
+    # the copy lives beside the run directory: {recipe_dir} must still name the recipe's own folder (its suite)
+    recipe: dict[str, Any] = yaml.safe_load(RECIPE.read_text().replace("{recipe_dir}", str(RECIPE.parent)))
     components = recipe["components"]
     setup = components["setup"]["run"]
     if args.episodes_per_task is not None:

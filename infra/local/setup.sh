@@ -11,6 +11,7 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)   # Orchard-GUI's browser (Playwright drives it)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing system packages: ${need_apt[*]}" >&2

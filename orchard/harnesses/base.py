@@ -293,6 +293,9 @@ _FACTORIES: dict[str, AdapterFactory | str] = {
     "builtin": "orchard.harnesses.builtin:BuiltinAgentAdapter",
     "mini-swe-agent": "orchard.harnesses.mini_swe_agent:MiniSweAgentAdapter",
     "codex": "orchard.harnesses.codex_cli:CodexCliAdapter",
+    "browser": "recipes.gui.harness:BrowserAgentAdapter",
+    "claw": "recipes.claw.harness:ClawAgentAdapter",
+    "openclaw": "recipes.claw.openclaw:OpenClawAdapter",
 }
 """Built-in adapters by name, imported on first use (``module:attribute``)."""
 

@@ -27,11 +27,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from orchard.bus import Bus
 from orchard.clock import now_ms
 from orchard.logging import get_logger
+from orchard.store import ArtifactStore
 from producers.proxy.backend import BackendClient
 from producers.proxy.bus_writer import BusWriter
 from producers.proxy.episodes import EpisodeGrant, EpisodeRegistry, EpisodeSpec, EpisodeSummary
 from producers.proxy.exceptions import AuthenticationError, BadRequestError, ProxyError, RequestTooLargeError
 from producers.proxy.forward import CallForwarder
+from producers.proxy.images import ImageRecorder
 from producers.proxy.request import ApiFlavour, parse_request
 from producers.proxy.settings import ProxySettings
 
@@ -43,13 +45,15 @@ REAP_INTERVAL_S = 10.0
 class RecordingProxy:
     """The proxy's parts (bus writer, episodes, backend client, forwarder), started and stopped with the app."""
 
-    def __init__(self, settings: ProxySettings, bus: Bus) -> None:
-        """Create the parts; nothing runs until ``lifespan`` starts."""
+    def __init__(self, settings: ProxySettings, bus: Bus, image_store: ArtifactStore | None = None) -> None:
+        """Create the parts; nothing runs until ``lifespan`` starts. With ``image_store``, inline images of recorded
+        calls go there (by digest) instead of onto the bus."""
         self.settings, self.bus = settings, bus
         self.writer = BusWriter(
             bus.producer(), flush_interval_s=settings.flush_interval_s, flush_timeout_s=settings.flush_timeout_s
         )
-        self.episodes = EpisodeRegistry(settings, self.writer)
+        self.images = ImageRecorder(image_store) if image_store is not None else None
+        self.episodes = EpisodeRegistry(settings, self.writer, images=self.images)
         self.backend = BackendClient(settings)
         self.forwarder = CallForwarder(self.backend)
 
@@ -210,9 +214,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)
 
 
-def create_proxy_app(settings: ProxySettings, bus: Bus) -> FastAPI:
-    """The recording proxy as a FastAPI app publishing ModelCalls to ``bus`` (which the caller owns and closes)."""
-    proxy = RecordingProxy(settings, bus)
+def create_proxy_app(settings: ProxySettings, bus: Bus, image_store: ArtifactStore | None = None) -> FastAPI:
+    """The recording proxy as a FastAPI app publishing ModelCalls to ``bus`` (which the caller owns and closes);
+    inline images of the calls go to ``image_store`` by digest when one is given (``producers.proxy.images``)."""
+    proxy = RecordingProxy(settings, bus, image_store)
     app = FastAPI(
         title="Orchard recording proxy", lifespan=proxy.lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )

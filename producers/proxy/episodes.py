@@ -15,7 +15,7 @@ import asyncio
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -28,6 +28,7 @@ from producers.episode_recorder import EpisodeRecorder
 from producers.proxy.bus_writer import BusWriter
 from producers.proxy.completion import Completion
 from producers.proxy.exceptions import AuthenticationError, ConflictError, NotFoundError, RecordingIncompleteError
+from producers.proxy.images import ImageRecorder, extract_images
 from producers.proxy.lineage import ConversationTracker
 from producers.proxy.request import ModelRequest
 from producers.proxy.sequencer import CallSequencer
@@ -90,9 +91,17 @@ class AnsweredCall:
 class EpisodeSession:
     """One open episode."""
 
-    def __init__(self, spec: EpisodeSpec, settings: ProxySettings, writer: BusWriter, codec: Codec) -> None:
-        """Create its recorder on the writer's producer."""
+    def __init__(
+        self,
+        spec: EpisodeSpec,
+        settings: ProxySettings,
+        writer: BusWriter,
+        codec: Codec,
+        images: ImageRecorder | None = None,
+    ) -> None:
+        """Create its recorder on the writer's producer; ``images`` keeps inline images off the bus."""
         self.spec = spec
+        self.images = images
         self.token = f"orch-{secrets.token_urlsafe(32)}"
         ttl = min(spec.ttl_s, settings.max_ttl_s)
         self.deadline = time.monotonic() + ttl
@@ -144,6 +153,16 @@ class EpisodeSession:
 
     async def _record_in_turn(self, ticket: int, call: AnsweredCall) -> None:
         try:
+            if self.images is not None:
+                rewritten, found = extract_images(call.request.messages)
+                if found:  # stored before the call is recorded: a reference on the bus always resolves
+                    try:
+                        await asyncio.to_thread(self.images.store_new, found)
+                    except Exception as exc:
+                        self.publish_failed += 1  # closing the episode reports the recording incomplete
+                        self.log.error("images of a model call not stored", error=str(exc))
+                        return
+                    call = replace(call, request=replace(call.request, messages=rewritten))
             await self.sequencer.wait_turn(ticket)
             self.record(call)
         except Exception:
@@ -209,9 +228,15 @@ class EpisodeSession:
 class EpisodeRegistry:
     """Open episodes by id and by token, and summaries of recently closed ones."""
 
-    def __init__(self, settings: ProxySettings, writer: BusWriter, codec: Codec | None = None) -> None:
-        """Episodes record through ``writer``."""
-        self.settings, self.writer = settings, writer
+    def __init__(
+        self,
+        settings: ProxySettings,
+        writer: BusWriter,
+        codec: Codec | None = None,
+        images: ImageRecorder | None = None,
+    ) -> None:
+        """Episodes record through ``writer``; ``images`` (if any) stores inline images by digest."""
+        self.settings, self.writer, self.images = settings, writer, images
         self.codec = codec or Codec.default()
         self._sessions: dict[str, EpisodeSession] = {}
         self._tokens: dict[str, EpisodeSession] = {}
@@ -226,7 +251,7 @@ class EpisodeRegistry:
         """Register an episode and issue its token; ``ConflictError`` if the id was used."""
         if spec.episode_id in self._sessions or spec.episode_id in self._closed:
             raise ConflictError(f"episode {spec.episode_id!r} is already registered", code="episode_exists")
-        session = EpisodeSession(spec, self.settings, self.writer, self.codec)
+        session = EpisodeSession(spec, self.settings, self.writer, self.codec, self.images)
         self._sessions[spec.episode_id] = session
         self._tokens[session.token] = session
         session.log.info("episode opened", task_id=spec.task_id, harness=spec.harness, ttl_s=spec.ttl_s)

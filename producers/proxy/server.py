@@ -9,6 +9,7 @@ from orchard.bus import open_bus
 from orchard.config import OrchardConfig
 from orchard.http_server import BackgroundServer
 from orchard.logging import get_logger
+from orchard.store import open_store
 from producers.proxy.app import create_proxy_app
 from producers.proxy.settings import ProxySettings
 
@@ -19,8 +20,11 @@ __all__ = ["BackgroundServer", "serve_proxy"]
 def serve_proxy(settings: ProxySettings, config: OrchardConfig, host: str = "127.0.0.1", port: int = 8100) -> None:
     """Serve the recording proxy on ``host:port`` until interrupted, publishing to the bus of ``config``."""
     bus = open_bus(config.bus)
+    store = open_store(config.store)  # screenshots and other inline images are kept there, by digest
     try:
         log.info("serving recording proxy", host=host, port=port, backend=settings.backend_base_url)
-        uvicorn.run(create_proxy_app(settings, bus), host=host, port=port, log_level="warning", ws="none")
+        app = create_proxy_app(settings, bus, store)
+        uvicorn.run(app, host=host, port=port, log_level="warning", ws="none")
     finally:
+        store.close()
         bus.close()

@@ -90,6 +90,8 @@ def write_demonstrations(suite: Path, out: Path, config: DemoConfig) -> list[dic
 def setup(run_dir: Path, suite: Path, build_config: BuildConfig, demos: DemoConfig) -> tuple[Path, Path]:
     """Build the tasks and plan the demonstrations under ``run_dir``; returns (tasks dir, demos dir)."""
     tasks, demos_dir = run_dir / TASKS_DIR, run_dir / DEMOS_DIR
+    if not suite_instances(suite):
+        raise ValueError(f"--suite {suite}: no instance directories (holding instance.yaml) there")
     manifest = tasks / "manifest.json"
     if manifest.is_file():
         written = json.loads(manifest.read_text())["config"]
