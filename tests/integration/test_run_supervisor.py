@@ -123,6 +123,8 @@ def test_run_supervises_restarts_stops_and_resumes(tmp_path: Path) -> None:
     assert starts == [1, 1, 2]  # first start, its restart after SIGKILL, the resumed start: one log, appended
     bus = open_bus(EmbeddedBusConfig(path=run_dir / "bus"))  # the run's own bus, holding the standard topics
     try:
-        assert bus.list_topics() == sorted([*(spec.name for spec in STANDARD_TOPICS), "assembler.changelog"])
+        topics, standard = set(bus.list_topics()), {spec.name for spec in STANDARD_TOPICS}
+        # and the assembler's changelog once it got to create it (a slow start can be stopped before that)
+        assert standard <= topics <= standard | {"assembler.changelog"}
     finally:
         bus.close()
