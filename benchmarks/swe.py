@@ -9,6 +9,7 @@ namespaces, the proxy door). Not part of CI: the recipe takes long on CPU.
 
     python benchmarks/swe.py [--run-dir runs/swe] [--rl-rounds 4] [--rl-budget 16] [--sft-steps 400]
                              [--episodes-per-task 2] [--max-steps 16] [--max-tokens 1536] [--duration 10800] [--live]
+    python benchmarks/swe.py --report RUN_DIR     # the figures of a run already done (e.g. one finished by --resume)
 
 Without an option the recipe's own value is kept. The exit status is 0 only when every stage completed.
 """
@@ -16,6 +17,7 @@ Without an option the recipe's own value is kept. The exit status is 0 only when
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -142,7 +144,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, help="The engine's completion length per call.")
     parser.add_argument("--duration", type=float, default=10800.0, help="Stop the run after this many seconds.")
     parser.add_argument("--live", action="store_true", help="Show the live table (else the run's log goes to a file).")
+    parser.add_argument("--report", type=Path, help="Only print the figures of this finished (or resumed) run.")
     args = parser.parse_args()
+    if args.report is not None:
+        state = json.loads((args.report / "state.json").read_text())
+        report(args.report.resolve(), time.time() - float(state.get("first_started_at") or time.time()))
+        return 0 if state.get("status") == "completed" else 1
     run_dir = args.run_dir.resolve()
     code, wall_s = run_recipe(sized_recipe(args), run_dir, duration_s=args.duration, live=args.live)
     report(run_dir, wall_s)

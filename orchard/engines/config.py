@@ -48,7 +48,8 @@ class PolicyUpdatesConfig(BaseModel):
         None,
         ge=0,
         description="Serve no version above this one: a frozen earlier policy (a distillation teacher, a reference). "
-        "Its catch-up finishes before the engine answers, so a healthy engine already serves it.",
+        "The newest stored version <= it is installed before the engine answers; with none, the engine fails to "
+        "start.",
     )
     download_dir: Path | None = Field(
         None, description="Where versions are downloaded (a temporary directory if unset)."

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchard.bus import Bus, Consumer, open_bus
 from orchard.codec import Codec
+from orchard.engines.exceptions import EngineError
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.store import ArtifactStore, IntegrityError, open_store
@@ -108,6 +109,12 @@ class PolicyReloader:
             # a pinned version must be served before anyone is answered (the app starts this in its lifespan)
             self._poll_once(consumer, timeout_s=0.0)
             self._catch_up()
+            if self.max_version > 0 and self.engine.policy_version == 0:
+                consumer.close()
+                raise EngineError(
+                    f"no version <= {self.max_version} of {self._artifact} could be served (none stored, or it "
+                    "failed to load); the engine does not start on the base weights"
+                )
         self._thread = threading.Thread(target=self._run, args=(consumer,), name="orchard-reloader", daemon=True)
         self._thread.start()
 
@@ -161,7 +168,8 @@ class PolicyReloader:
     def _catch_up(self) -> None:
         latest = self.store.latest_version(self._artifact)
         if latest is not None and self.max_version is not None and latest > self.max_version:
-            latest = self.max_version if self.max_version in self.store.list_versions(self._artifact) else None
+            allowed = [v for v in self.store.list_versions(self._artifact) if v <= self.max_version]
+            latest = max(allowed, default=None)
         if latest is not None and latest > self.engine.policy_version:
             log.info("catching up with the newest stored version", version=latest)
             self.apply(latest, None)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchard.env.runtime import Limits, Sandbox
 from orchard.exceptions import ConfigError, OrchardError
@@ -41,7 +42,7 @@ class TaskSpec(BaseModel):
     image: str | None = Field(
         None, min_length=1, description="Container image of the episode on the Kubernetes runtime (per instance)."
     )
-    labels: dict[str, str] = Field(
+    labels: dict[str, Annotated[str, BeforeValidator(str)]] = Field(
         default_factory=dict,
         description="Facts about the task (repo, bug kind, split); `orchard eval` breaks results down by them.",
     )

@@ -28,7 +28,7 @@ from producers.episode_recorder import EpisodeRecorder
 from producers.proxy.bus_writer import BusWriter
 from producers.proxy.completion import Completion
 from producers.proxy.exceptions import AuthenticationError, ConflictError, NotFoundError, RecordingIncompleteError
-from producers.proxy.images import ImageRecorder, extract_images
+from producers.proxy.images import ImageRecorder
 from producers.proxy.lineage import ConversationTracker
 from producers.proxy.request import ModelRequest
 from producers.proxy.sequencer import CallSequencer
@@ -154,15 +154,13 @@ class EpisodeSession:
     async def _record_in_turn(self, ticket: int, call: AnsweredCall) -> None:
         try:
             if self.images is not None:
-                rewritten, found = extract_images(call.request.messages)
-                if found:  # stored before the call is recorded: a reference on the bus always resolves
-                    try:
-                        await asyncio.to_thread(self.images.store_new, found)
-                    except Exception as exc:
-                        self.publish_failed += 1  # closing the episode reports the recording incomplete
-                        self.log.error("images of a model call not stored", error=str(exc))
-                        return
-                    call = replace(call, request=replace(call.request, messages=rewritten))
+                try:  # decoding, hashing and storing off the event loop, before the call is recorded
+                    messages = await asyncio.to_thread(self.images.rewrite, call.request.messages)
+                except Exception as exc:  # a malformed image or a store failure: the call cannot be recorded
+                    self.publish_failed += 1  # closing the episode reports the recording incomplete
+                    self.log.error("images of a model call not stored", error=str(exc))
+                    return
+                call = replace(call, request=replace(call.request, messages=messages))
             await self.sequencer.wait_turn(ticket)
             self.record(call)
         except Exception:

@@ -41,6 +41,7 @@ from transformers.utils import logging as hf_logging
 
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
+from orchard.engines.exceptions import EngineError
 from orchard.engines.local import LocalEngine
 from orchard.engines.openai_api import create_engine_app
 from orchard.engines.reload import PolicyReloader
@@ -608,6 +609,32 @@ async def test_a_pinned_engine_serves_its_version_from_the_first_request_and_nev
     assert reloader.applied == [1] and reloader.refused == []
     assert trace_of(first).policy_version == trace_of(later).policy_version == 1
     assert_logprobs_match(load_reference(checkpoints["v1"]), trace_of(first))
+
+
+@pytest.mark.asyncio
+async def test_a_pinned_engine_takes_the_newest_version_under_its_pin_and_refuses_to_start_without_one(
+    tmp_path: Path, checkpoints: dict[str, Path]
+) -> None:
+    bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
+    store = open_store(LocalStoreConfig(path=tmp_path / "store"))
+    bus.create_topic(POLICY_VERSIONS, 1)
+    producer = bus.producer()
+    publish = {"run_id": "r1", "model": "policy", "trainer_step": 1}
+
+    def pinned(max_version: int) -> PolicyReloader:
+        engine = LocalEngine(checkpoints["v0"], model_name=MODEL, cpu_threads=1)
+        return PolicyReloader(engine, bus, store, run_id="r1", model="policy", max_version=max_version)
+
+    with pytest.raises(EngineError, match="no version <= 2"):
+        pinned(2).start()  # nothing stored yet: it must not serve the base weights as if pinned
+    for version, seed in ((1, "v1"), (3, "v2")):
+        publish_policy_version(store, producer, version=version, files=checkpoint_files(checkpoints[seed]), **publish)
+    reloader = pinned(2)
+    reloader.start()
+    reloader.stop()
+    producer.close()
+    bus.close()
+    assert reloader.applied == [1] and reloader.engine.policy_version == 1
 
 
 async def _until(condition: Any, timeout_s: float = 60.0) -> None:

@@ -148,18 +148,25 @@ def test_an_agent_searching_the_filesystem_and_git_history_finds_neither_the_hid
 ) -> None:
     root: Path = stack["root"]
     task_dir, suite_dir = root / "tasks" / INSTANCE.name, SUITE_DIR / INSTANCE.name
-    hidden_test, fixed_line = "test_first_delay_is_base", "delay = base * factor**i"  # only in hidden_tests/, fix/
+    repo = SUITE_DIR.parents[2]  # the checkout: its history holds the suite too
+    # the secrets, read from where they live (this file does not spell them): a hidden test's name, the fixed line
+    hidden_test = str(stack["instance"].FAIL_TO_PASS[0]).rsplit("::", 1)[1]
+    fixed_line = next(line.strip() for line in (suite_dir / "fix" / "retry" / "policy.py").read_text().splitlines()
+                      if "factor" in line and "delay =" in line)  # fmt: skip
     assert hidden_test in (task_dir / "hidden" / ".grader" / "instance.json").read_text()
-    assert fixed_line in (suite_dir / "fix" / "retry" / "policy.py").read_text()
-    # the patterns match the secrets without spelling them, so only a command's output can contain them
-    patterns = "-e test_first_delay_is_bas[e] -e 'factor[*][*]i$'"
+    # grep patterns that match the secrets without spelling them: only what a command finds can contain them
+    patterns = f"-e '{hidden_test[:-1]}[{hidden_test[-1]}]' -e '{fixed_line[:-1]}[{fixed_line[-1]}]'"
+    patterns = patterns.replace("*", "[*]")
     snoop = [
-        f"grep -rIl {patterns} {root} {SUITE_DIR.parents[2]} /tmp /home . --exclude-dir=.venv 2>/dev/null | head; "
-        "echo searched",
+        # other runs' directories on this machine are not this Env's to hide (README: pass --hide for them)
+        f"grep -rIho {patterns} {root} {repo} /tmp /home . --exclude-dir=.venv --exclude-dir=runs "
+        "--exclude-dir=.orchard 2>/dev/null | head; echo searched",
         f"ls -la {task_dir} {suite_dir} 2>&1; cat {task_dir}/hidden/.grader/instance.json 2>&1",
         f"cat {suite_dir}/fix/retry/policy.py {suite_dir}/hidden_tests/tests/*.py 2>&1",
-        f"git log --all --oneline; git log --all -p | grep -c {patterns}; git fsck --lost-found 2>&1 | head; "
-        "echo history-done",
+        f"git log --all -p | grep -o {patterns}; git fsck --lost-found 2>&1 | head; git rev-list --count --all; "
+        "echo own-history-done",
+        f"git -c safe.directory='*' -C {repo} log --all -p 2>&1 | grep -o {patterns} | head -3; "
+        f"git -c safe.directory='*' -C {repo} grep -o {patterns} HEAD 2>&1 | head -3; echo repo-history-done",
     ]
     episode_id = "snoop-" + INSTANCE.name
     plan = ScriptedPlan(steps=dialect_steps(snoop, "builtin"), final_text="done", model=MODEL)
@@ -169,8 +176,11 @@ def test_an_agent_searching_the_filesystem_and_git_history_finds_neither_the_hid
     assert episode.state == EpisodeState.FAILED, (episode.error, episode.result)
 
     last = [body for e, body in stack["backend_log"].requests if e == episode_id][-1]
-    outputs = "\n".join(str(m["content"]) for m in last["messages"] if m["role"] == "tool")
-    assert "searched" in outputs and "history-done" in outputs, outputs[-3000:]
-    assert outputs.count("No such file or directory") >= 3, outputs[-3000:]  # the task and suite are not there
-    assert hidden_test not in outputs and "factor**i" not in outputs, outputs[-4000:]
-    assert "1 task" in outputs or "task" in outputs.split("history-done")[0]  # the one-commit git snapshot
+    outputs = [json.loads(str(m["content"]))["output"] for m in last["messages"] if m["role"] == "tool"]
+    searched, listed, read, own_history, repo_history = outputs
+    assert searched == "searched\n", searched  # grep -o prints every match found, and there are none
+    assert listed.count("No such file or directory") >= 2 and read.count("No such file or directory") >= 2
+    assert own_history.endswith("1\nown-history-done\n"), own_history  # the snapshot: one commit, no fix in it
+    assert "not a git repository" in repo_history or repo_history == "repo-history-done\n", repo_history
+    everything = "\n".join(outputs)
+    assert hidden_test not in everything and fixed_line not in everything, everything[-4000:]

@@ -159,5 +159,8 @@ def test_training_published_policies_the_dense_stage_scored_calls_and_the_value_
     assert any(v["model"] == "value" for v in versions)
     scorers = {s["scorer"] for s in records(finished_run, SCORES)}
     assert {"rule_process_reward", "distillation"} <= scorers
+    teacher = [json.loads(line) for line in (finished_run / "logs" / "teacher.log").read_text().splitlines()
+               if line.startswith("{") and '"policy version loaded"' in line]  # fmt: skip
+    assert [entry["version"] for entry in teacher] == [1]  # the distillation teacher served the credit-SFT policy
     trajectories = records(finished_run, TRAJECTORIES)
     assert len({t["episode_id"] for t in trajectories}) == 2 + 2 + 2 + 5  # demos, RL, dense, evaluations
