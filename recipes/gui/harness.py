@@ -13,11 +13,21 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from orchard.harnesses.base import HarnessTask, ModelEndpoint, ShellArg, shell_command
+from orchard.env.runtime import Sandbox
+from orchard.harnesses.base import HarnessTask, ModelEndpoint, ShellArg, shell_command, write_state_file
 from orchard.harnesses.builtin import TASK_FILE, TRAJECTORY_FILE, BuiltinAgentAdapter
 from recipes.gui.agent import CHROMIUM
+
+SOURCE_DIR = Path(__file__).resolve().parent
+RUNTIME_MODULES = (
+    "__init__.py", "agent.py", "page_view.py",
+    "apps/__init__.py", "apps/core.py", "apps/server.py", "apps/shop.py", "apps/booking.py", "apps/docs.py",
+)  # fmt: skip
+"""What the agent and the apps need inside the sandbox (never the generator, the grader or the references)."""
+SRC = "src"
 
 
 class BrowserAgentAdapter(BuiltinAgentAdapter):
@@ -43,6 +53,14 @@ class BrowserAgentAdapter(BuiltinAgentAdapter):
         )
         self.mode, self.chromium = mode, chromium
 
+    def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
+        """Write the task text and the agent's and apps' modules (the checkout may not be visible in the sandbox:
+        a private ``/tmp`` hides a checkout there, and a shared machine may hide it on purpose)."""
+        super().prepare(sandbox, endpoint, task)
+        write_state_file(sandbox, self.state(f"{SRC}/recipes/__init__.py"), '"""Orchard recipes (GUI agent only)."""\n')
+        for module in RUNTIME_MODULES:
+            write_state_file(sandbox, self.state(f"{SRC}/recipes/gui/{module}"), (SOURCE_DIR / module).read_bytes())
+
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``python -m recipes.gui.agent`` with the endpoint, mode, limits and state file paths."""
         argv: list[ShellArg] = [
@@ -63,4 +81,4 @@ class BrowserAgentAdapter(BuiltinAgentAdapter):
             argv += ["--max-tokens", str(self.max_tokens)]
         if self.extra_body:
             argv += ["--extra-body", json.dumps(self.extra_body)]
-        return shell_command(argv)
+        return shell_command(argv, exports={"PYTHONPATH": self.state(SRC)})
