@@ -122,26 +122,16 @@ def proxy_serve(
 
 
 def sandbox_hidden_paths(config: OrchardConfig, tasks: Path, extra: Sequence[Path] = ()) -> list[Path]:
-    """What the Env's sandboxes must not read: the embedded bus and the local store (every run's records and
-    weights), the task directories (hidden tests and graders are copied in only after the harness exits), and
-    ``extra``. The harness binaries under .orchard/harnesses stay visible."""
+    """What the Env's sandboxes must never see: the embedded bus and the local store (every run's records and
+    weights), the task directories (graders, hidden tests) and ``extra``. A sandbox sees only an allow-list of the
+    machine anyway (``orchard.env.sandbox_view``); these are checked against it, so a shared directory that would
+    show one of them is refused at start. The harness installations under .orchard/harnesses are shared."""
     hidden = [Path(config.bus.path)] if isinstance(config.bus, EmbeddedBusConfig) else []
     hidden += [Path(config.store.path)] if isinstance(config.store, LocalStoreConfig) else []
     missing = [str(path) for path in extra if not Path(path).exists()]
     if missing:
         raise ConfigError(f"--hide: no such path {', '.join(missing)}")
-    paths = [path.resolve() for path in [*hidden, tasks, *extra]]
-    # a hidden directory inside a git work tree (a suite in a checkout) is also in that tree's history
-    histories = {git for path in paths if (git := _enclosing_git_dir(path)) is not None}
-    return list(dict.fromkeys([*paths, *sorted(histories)]))
-
-
-def _enclosing_git_dir(path: Path) -> Path | None:
-    """The ``.git`` (directory or gitlink file) of the work tree holding ``path``, if any."""
-    for directory in [path, *path.parents]:
-        if (directory / ".git").exists():
-            return (directory / ".git").resolve()
-    return None
+    return list(dict.fromkeys(path.resolve() for path in [*hidden, tasks, *extra]))
 
 
 @env_app.command("serve")
@@ -155,7 +145,8 @@ def env_serve(
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1.0, help="Wall-clock limit per episode, seconds."),
     sandboxes: Path = typer.Option(Path(".orchard/sandboxes"), "--sandboxes", help="Local runtime root."),
     hide: list[Path] = typer.Option(
-        [], "--hide", help="Another directory sandboxes must not read (repeatable), e.g. a suite's reference fixes."
+        [], "--hide", help="Another directory sandboxes must never see (repeatable; sandboxes see an allow-list of "
+        "the machine, and a share that would show it is refused), e.g. a suite's reference fixes."
     ),
     runtime_kind: str = typer.Option(
         "local", "--runtime", help="local (process trees on this machine) or kubernetes (a pod per episode)."

@@ -4,9 +4,15 @@ interactive PTY over WebSocket, files, patches, heartbeats; TTL reaping in the b
 Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>`` (a liveness probe learns nothing but
 ``{"status": "ok"}``). Errors are JSON ``{"error": code, "message": text}`` with a stable code per cause
 (``orchard.env.exceptions``): 401 ``unauthorized``, 404 ``sandbox_not_found`` / ``file_not_found``, 400
-``path_escape`` / ``invalid_request``, 409 ``sandbox_exists``, 422 for a malformed body. File paths in URLs are
-relative to the working copy; a client sends ``.``/``..`` segments percent-encoded (``%2E%2E``), as URL
-normalisation would otherwise remove them before they reach the server.
+``path_escape`` / ``invalid_request``, 409 ``sandbox_exists``, 422 ``invalid_request`` for a malformed body (wrong
+JSON types, unknown fields, a NUL byte in an argument, an environment name holding ``=``, more than a program can
+receive). File paths in URLs are relative to the working copy; a client sends ``.``/``..`` segments percent-encoded
+(``%2E%2E``), as URL normalisation would otherwise remove them before they reach the server; a URL whose
+percent-encoding is not UTF-8 is refused rather than guessed at.
+
+An error nobody anticipated is answered too, by a last line of defence (``LastLineOfDefence``): 400 when it is the
+request's fault (text with no UTF-8 form, a name too long, arguments too big, a NUL byte that slipped through), else
+500 with the traceback logged. Either way the connection stays open for the client's next request.
 
 The runtime's calls block, so they run on worker threads under one capacity limiter sized for many long commands
 at once (``max_blocking_calls``), not the small default pool.
@@ -17,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import errno
 import functools
 import hmac
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import anyio
 import anyio.to_thread
@@ -29,10 +37,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchard.env.api_models import ErrorBody, ExecRequest, PatchRequest, PtyExit, PtyResize, StreamLine
+from orchard.env.api_models import (
+    ErrorBody,
+    ExecRequest,
+    PatchRequest,
+    PtyExit,
+    PtyResize,
+    StreamLine,
+    check_argument,
+    check_environment,
+)
 from orchard.env.exceptions import InvalidSandboxRequestError, SandboxAuthError, SandboxError, SandboxNotFoundError
 from orchard.env.runtime import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.env.safe_fs import MAX_NAME_BYTES
 from orchard.logging import get_logger
 
 T = TypeVar("T")
@@ -40,6 +59,12 @@ PTY_READ_TIMEOUT_S = 0.25
 PTY_EXIT_WAIT_S = 5.0
 WS_POLICY_VIOLATION = 1008
 WS_INTERNAL_ERROR = 1011
+MAX_FILE_MODE = 0o7777
+MAX_TERMINAL_SIZE = 10_000
+CLIENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.E2BIG, errno.EILSEQ})
+"""Operating-system errors that only a request's own input causes (a name too long, arguments too big)."""
+CLIENT_VALUE_ERRORS = ("embedded null byte", "illegal environment variable name", "Port out of range")
+"""Messages of the ``ValueError``s that ``subprocess``, ``os`` and ``urllib`` raise for bad input."""
 
 log = get_logger("orchard.env.api")
 
@@ -75,14 +100,75 @@ def _error_for(exc: Exception) -> tuple[int, str, str]:
         return 404, "file_not_found", str(exc)
     if isinstance(exc, NotImplementedError):
         return 501, "not_implemented", str(exc)
-    return 500, "internal", f"{type(exc).__name__}: {exc}"
+    if _client_caused(exc):
+        return 400, "invalid_request", f"the request cannot be carried out: {_describe(exc)}"
+    return 500, "internal", _describe(exc)
+
+
+def _client_caused(exc: Exception) -> bool:
+    """Whether an unanticipated exception can only come from the request's own input.
+
+    >>> _client_caused(ValueError("embedded null byte")), _client_caused(OSError(errno.E2BIG, "too long"))
+    (True, True)
+    >>> _client_caused(OSError(errno.EIO, "I/O error")), _client_caused(KeyError("x"))
+    (False, False)
+    """
+    if isinstance(exc, UnicodeError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in CLIENT_ERRNOS
+    return isinstance(exc, ValueError) and any(text in str(exc) for text in CLIENT_VALUE_ERRORS)
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def _log_fault(path: str, status: int, message: str, exc: BaseException) -> None:
+    """Log a server fault with its traceback (client errors are the client's to read, not the log's)."""
+    if status >= 500:
+        log.error("sandbox_api_error", path=path, status=status, error=message, exc_info=exc)
+
+
+ErrorRenderer = Callable[[int, str, str], Response]
+"""Makes the error response of a status, a stable code and a message."""
+
+
+class LastLineOfDefence:
+    """ASGI middleware: an exception no handler took becomes an error response (400 if the request caused it, else
+    500, logged with its traceback) instead of reaching the server, which would drop the keep-alive connection."""
+
+    def __init__(self, app: ASGIApp, render: ErrorRenderer | None = None) -> None:
+        """``render``: the error body (default: this API's ``{"error": code, "message": text}``)."""
+        self.app = app
+        self.render = render or _error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # too late for an error response; the server closes the connection
+                log.error("sandbox_api_error_mid_response", path=scope.get("path"), exc_info=exc)
+                raise
+            status, code, message = _error_for(exc)
+            _log_fault(str(scope.get("path")), status, message, exc)
+            await self.render(status, code, message)(scope, receive, send)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     async def runtime_error(request: Request, exc: Exception) -> JSONResponse:
         status, code, message = _error_for(exc)
-        if status >= 500:
-            log.error("sandbox_api_error", path=request.url.path, error=message)
+        _log_fault(request.url.path, status, message, exc)
         return _error(status, code, message)
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -91,8 +177,34 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(422, "invalid_request", "; ".join(parts) or str(exc))
 
     app.add_exception_handler(RequestValidationError, validation_error)
-    for exc_type in (SandboxError, FileNotFoundError, NotImplementedError, Exception):
+    for exc_type in (SandboxError, FileNotFoundError, NotImplementedError, UnicodeError, OSError, ValueError):
         app.add_exception_handler(exc_type, runtime_error)
+    app.add_middleware(LastLineOfDefence)
+
+
+def _utf8_url(request: Request) -> None:
+    """Refuse a URL whose percent-encoded path or query is not UTF-8 (it would be decoded into other names)."""
+    for raw in (request.scope.get("raw_path") or b"", request.scope.get("query_string") or b""):
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidSandboxRequestError("the URL's percent-encoded path or query is not UTF-8") from None
+
+
+def _check_spec(spec: SandboxSpec) -> None:
+    """Refuse, before anything is made, a spec whose commands could never start or whose fields the host rejects."""
+    try:
+        check_environment(spec.env)
+        if spec.source_dir is not None:
+            check_argument(str(spec.source_dir), "source_dir")
+            if any(len(part.encode()) > MAX_NAME_BYTES for part in spec.source_dir.parts):
+                raise ValueError(f"source_dir {str(spec.source_dir)[:80]!r}... has a name over {MAX_NAME_BYTES} bytes")
+    except ValueError as exc:
+        raise InvalidSandboxRequestError(str(exc)) from None
+    try:
+        urlsplit(spec.proxy_url or "").port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:
+        raise InvalidSandboxRequestError(f"proxy_url {spec.proxy_url!r}: {exc}") from None
 
 
 def create_sandbox_app(
@@ -129,7 +241,7 @@ def create_sandbox_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    router = APIRouter(dependencies=[Depends(require_token)])
+    router = APIRouter(dependencies=[Depends(require_token), Depends(_utf8_url)])
     _sandbox_routes(router, runtime, blocking)
     _file_routes(router, runtime, blocking)
     app.include_router(router)
@@ -162,6 +274,7 @@ async def _sandbox(runtime: Runtime, blocking: _Blocking, sandbox_id: str) -> Sa
 def _sandbox_routes(router: APIRouter, runtime: Runtime, blocking: _Blocking) -> None:
     @router.post("/sandboxes", status_code=201)
     async def create(spec: SandboxSpec) -> SandboxInfo:
+        _check_spec(spec)
         sandbox = await blocking(runtime.create, spec)
         return await blocking(sandbox.info)
 
@@ -257,6 +370,8 @@ def _file_routes(router: APIRouter, runtime: Runtime, blocking: _Blocking) -> No
             file_mode = int(mode, 8)
         except ValueError:
             raise InvalidSandboxRequestError(f"mode {mode!r} is not an octal number") from None
+        if not 0 <= file_mode <= MAX_FILE_MODE:
+            raise InvalidSandboxRequestError(f"mode {mode!r} is not a file mode (0 to {MAX_FILE_MODE:o})")
         data = await request.body()
         await blocking(sandbox.write_file, path, data, file_mode)
         return Response(status_code=204)
@@ -277,7 +392,11 @@ def _file_routes(router: APIRouter, runtime: Runtime, blocking: _Blocking) -> No
 def _pty_route(app: FastAPI, runtime: Runtime, blocking: _Blocking, token: str) -> None:
     @app.websocket("/sandboxes/{sandbox_id}/pty")
     async def pty(
-        websocket: WebSocket, sandbox_id: str, command: str | None = None, cols: int = 80, rows: int = 24
+        websocket: WebSocket,
+        sandbox_id: str,
+        command: str | None = None,
+        cols: int = Query(80, ge=1, le=MAX_TERMINAL_SIZE),
+        rows: int = Query(24, ge=1, le=MAX_TERMINAL_SIZE),
     ) -> None:
         if not _authorized(websocket, token):
             await _deny(websocket, SandboxAuthError("missing or wrong bearer token"))
@@ -291,8 +410,11 @@ def _pty_route(app: FastAPI, runtime: Runtime, blocking: _Blocking, token: str) 
         try:
             session = await blocking(sandbox.open_pty, command, cols=cols, rows=rows)
         except Exception as exc:  # noqa: BLE001 - reported to the client as the close reason
-            _, _, message = _error_for(exc)
-            await websocket.close(code=WS_INTERNAL_ERROR, reason=message[:120])
+            status, _, message = _error_for(exc)
+            _log_fault(websocket.url.path, status, message, exc)
+            await websocket.close(
+                code=WS_INTERNAL_ERROR if status >= 500 else WS_POLICY_VIOLATION, reason=message[:120]
+            )
             return
         try:
             await _serve_pty(websocket, session, blocking)

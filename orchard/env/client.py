@@ -24,10 +24,10 @@ import httpx
 import websockets.asyncio.client
 import websockets.exceptions
 import websockets.sync.client
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from orchard.env.api_models import ExecRequest, PatchRequest, PtyExit, PtyResize, StreamLine
-from orchard.env.exceptions import ERRORS_BY_CODE, SandboxError, SandboxNotFoundError
+from orchard.env.exceptions import ERRORS_BY_CODE, InvalidSandboxRequestError, SandboxError, SandboxNotFoundError
 from orchard.env.runtime import ExecResult, FileEntry, PtySession, Sandbox, SandboxInfo, SandboxSpec
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -85,11 +85,19 @@ def _denial_error(exc: websockets.exceptions.InvalidStatus) -> SandboxError:
 def _exec_body(
     command: Sequence[str] | str, timeout_s: float, cwd: str, env: Mapping[str, str] | None, stdin: bytes | None
 ) -> dict[str, Any]:
-    text = stdin.decode() if stdin is not None else None
+    """The JSON body of an exec; a command the server would refuse raises ``InvalidSandboxRequestError`` here, as a
+    runtime's own sandbox would."""
     command_value: list[str] | str = command if isinstance(command, str) else list(command)
-    request = ExecRequest(
-        command=command_value, timeout_s=timeout_s, cwd=cwd, env=dict(env) if env else None, stdin=text
-    )
+    try:
+        text = stdin.decode() if stdin is not None else None
+        request = ExecRequest(
+            command=command_value, timeout_s=timeout_s, cwd=cwd, env=dict(env) if env else None, stdin=text
+        )
+    except UnicodeDecodeError as exc:
+        raise InvalidSandboxRequestError(f"stdin is not UTF-8 text: {exc}") from exc
+    except ValidationError as exc:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors())
+        raise InvalidSandboxRequestError(reasons) from exc
     return request.model_dump(exclude_none=True)
 
 

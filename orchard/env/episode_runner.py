@@ -9,10 +9,14 @@ Order matters for what the trainers may trust:
 4. only then are the hidden files copied in and the grader run;
 5. the outcome is published (and acknowledged), and the sandbox deleted.
 
-Failures of the platform (no sandbox, no proxy) raise ``InfrastructureError`` and the scheduler retries; a harness
-that crashes (killed by a signal: exit status 128 + N) or cannot start (126, 127: not executable, not found) yields a
-``CRASHED`` outcome without grading, its error naming what happened with the end of the harness's stderr; every path
-ends with exactly one outcome.
+A request naming an unknown task or harness, or harness options its adapter refuses, is refused by ``check`` at
+submission. Failures of the platform (no sandbox, no proxy) raise ``InfrastructureError`` and the scheduler retries;
+a harness that crashes (killed by a signal: exit status 128 + N) or cannot start yields a ``CRASHED`` outcome without
+grading, its error naming what happened with the last lines of the harness's stderr. "Cannot start" is exit status
+126 or 127 (not executable, not found), or any other non-zero exit before the harness's first model call reached the
+proxy (the proxy's ``calls_received``): an interpreter that cannot import its agent, a missing dependency, a bad
+flag. A harness that made a model call and then exits non-zero is graded like any other. Every path ends with
+exactly one outcome.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import httpx
 from orchard.bus import Producer
 from orchard.clock import now_ms
 from orchard.codec import Codec
+from orchard.env.exceptions import InvalidEpisodeError
 from orchard.env.runtime import Runtime, Sandbox, SandboxSpec
 from orchard.env.scheduler import Episode, EpisodeState, EventSink, InfrastructureError
 from orchard.env.tasks import Grade, TaskCatalog, TaskSpec, grade
-from orchard.harnesses.base import HarnessRun, HarnessTask, ModelEndpoint, get_adapter, run_harness
+from orchard.exceptions import OrchardError
+from orchard.harnesses.base import HarnessAdapter, HarnessRun, HarnessTask, ModelEndpoint, get_adapter, run_harness
 from orchard.logging import get_logger
 from orchard.topics import OUTCOMES
 
@@ -38,8 +44,10 @@ NOT_STARTED_EXIT_CODES = frozenset({126, 127})
 """The shell's "found but not executable" and "not found": the harness never ran."""
 CRASH_EXIT_CODES = NOT_STARTED_EXIT_CODES | frozenset(range(128, 256))
 """Harness exit statuses that mean ``CRASHED``: it could not start, or a signal killed it (``128 + N``)."""
-STDERR_IN_ERROR = 400
-"""How much of the end of a crashed harness's stderr the outcome's ``error`` keeps."""
+STDERR_LINES = 12
+STDERR_IN_ERROR = 2000
+"""How much of the end of a crashed harness's stderr the outcome's ``error`` keeps: its last lines, at most this many
+characters."""
 
 
 class ProxyAdmin:
@@ -96,6 +104,20 @@ class LocalEpisodeRunner:
         self._calls: dict[str, int] = {}
         self._versions: dict[str, int | None] = {}
 
+    def check(self, request: dict[str, Any]) -> None:
+        """Refuse a request that could never run: an unknown task or harness, harness options the adapter refuses."""
+        try:
+            self.tasks.get(request["task_id"])
+        except OrchardError as exc:
+            raise InvalidEpisodeError(str(exc)) from None
+        options = request.get("options", {}).get("harness", {})
+        if not isinstance(options, dict):
+            raise InvalidEpisodeError(f"options.harness must be an object of adapter settings, not {options!r}")
+        try:
+            _adapter(request)
+        except (OrchardError, TypeError, ValueError) as exc:
+            raise InvalidEpisodeError(f"harness {request['harness']!r}: {exc}") from None
+
     async def run(self, episode: Episode, emit: EventSink) -> EpisodeState:
         """Run the episode and publish its outcome."""
         request = episode.request
@@ -109,22 +131,41 @@ class LocalEpisodeRunner:
             emit("sandbox-ready", sandbox_id=sandbox.spec.sandbox_id)
             run = await self._harness(sandbox, task, request, token)
             emit("harness-exited", exit_code=run.exit_code, timed_out=run.timed_out)
-            summary = await self.proxy.close_episode(episode.episode_id)
-            self._calls[episode.episode_id] = int(summary.get("calls_recorded", 0))
-            self._versions[episode.episode_id] = summary.get("last_policy_version")
-            if run.timed_out or (run.exit_code is not None and run.exit_code in CRASH_EXIT_CODES):
-                state = EpisodeState.TIMED_OUT if run.timed_out else EpisodeState.CRASHED
-                await self._publish(episode, state, None, harness_failure(run), run)
-                episode.result = {"harness_exit_code": run.exit_code}
-                return state
-            verdict = await asyncio.to_thread(grade, sandbox, task)
-            emit("graded", reward=verdict.reward, success=verdict.success)
-            state = EpisodeState.SUCCEEDED if verdict.success else EpisodeState.FAILED
-            await self._publish(episode, state, verdict, None, run)
-            episode.result = {"reward": verdict.reward, "signals": verdict.signals, "harness_exit_code": run.exit_code}
-            return state
+            received = self._note_calls(episode, await self.proxy.close_episode(episode.episode_id))
+            ended = harness_end(run, received)
+            if ended is not None:
+                return await self._ungraded(episode, ended, run, received)
+            return await self._graded(episode, sandbox, task, run, emit)
         finally:
             await asyncio.to_thread(self.runtime.delete, sandbox.spec.sandbox_id)
+
+    def _note_calls(self, episode: Episode, summary: dict[str, Any]) -> int:
+        """Keep the proxy's count of recorded calls and last policy version; return the calls it received."""
+        self._calls[episode.episode_id] = int(summary.get("calls_recorded", 0))
+        self._versions[episode.episode_id] = summary.get("last_policy_version")
+        return int(summary.get("calls_received", self._calls[episode.episode_id]))
+
+    async def _ungraded(self, episode: Episode, state: EpisodeState, run: HarnessRun, received: int) -> EpisodeState:
+        """Publish the outcome of a harness that timed out, crashed or could not start (never graded)."""
+        error = harness_failure(run, received)
+        log.warning("harness_failed", episode=episode.episode_id, state=state.value, error=error)
+        await self._publish(episode, state, None, error, run)
+        episode.result = {"harness_exit_code": run.exit_code}
+        return state
+
+    async def _graded(
+        self, episode: Episode, sandbox: Sandbox, task: TaskSpec, run: HarnessRun, emit: EventSink
+    ) -> EpisodeState:
+        """Grade the working copy and publish the outcome."""
+        if run.exit_code != 0:
+            stderr = _stderr_tail(run)
+            log.info("harness_exited_non_zero", episode=episode.episode_id, exit_code=run.exit_code, stderr=stderr)
+        verdict = await asyncio.to_thread(grade, sandbox, task)
+        emit("graded", reward=verdict.reward, success=verdict.success)
+        state = EpisodeState.SUCCEEDED if verdict.success else EpisodeState.FAILED
+        await self._publish(episode, state, verdict, None, run)
+        episode.result = {"reward": verdict.reward, "signals": verdict.signals, "harness_exit_code": run.exit_code}
+        return state
 
     async def report(self, episode: Episode, state: EpisodeState, error: str | None) -> None:
         """Close what is open and publish the outcome of an episode that did not finish."""
@@ -161,7 +202,7 @@ class LocalEpisodeRunner:
             raise InfrastructureError(f"sandbox for {episode.episode_id} could not be created: {exc}") from exc
 
     async def _harness(self, sandbox: Sandbox, task: TaskSpec, request: dict[str, Any], token: str) -> HarnessRun:
-        adapter = get_adapter(request["harness"], **request.get("options", {}).get("harness", {}))
+        adapter = _adapter(request)
         endpoint = ModelEndpoint.inside(sandbox, token, request["model"])
         harness_task = HarnessTask(
             instruction=task.instruction, max_steps=task.max_steps, timeout_s=task.harness_timeout_s
@@ -192,9 +233,33 @@ class LocalEpisodeRunner:
         await asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
 
 
-def harness_failure(run: HarnessRun) -> str:
+def _adapter(request: dict[str, Any]) -> HarnessAdapter:
+    return get_adapter(request["harness"], **request.get("options", {}).get("harness", {}))
+
+
+def harness_end(run: HarnessRun, calls_received: int) -> EpisodeState | None:
+    """``TIMED_OUT`` or ``CRASHED`` for a harness whose work is not graded; ``None`` when it is.
+
+    >>> from orchard.harnesses.base import HarnessArtifacts
+    >>> def ended(code): return HarnessRun(harness="h", exit_code=code, timed_out=False, duration_ms=1.0,
+    ...                                    artifacts=HarnessArtifacts(harness="h"))
+    >>> harness_end(ended(1), calls_received=0), harness_end(ended(1), calls_received=3), harness_end(ended(0), 0)
+    (<EpisodeState.CRASHED: 'CRASHED'>, None, None)
+    """
+    if run.timed_out or run.exit_code is None:
+        return EpisodeState.TIMED_OUT
+    if run.exit_code in CRASH_EXIT_CODES or _exited_before_first_call(run, calls_received):
+        return EpisodeState.CRASHED
+    return None
+
+
+def _exited_before_first_call(run: HarnessRun, calls_received: int) -> bool:
+    return run.exit_code is not None and run.exit_code != 0 and calls_received == 0
+
+
+def harness_failure(run: HarnessRun, calls_received: int | None = None) -> str:
     """The outcome's ``error`` for a harness that timed out, could not start or was killed: what happened, and the
-    end of its stderr (where the reason usually is).
+    last lines of its stderr (where the reason usually is). ``calls_received``: model calls that reached the proxy.
 
     >>> from orchard.harnesses.base import HarnessArtifacts
     >>> killed = HarnessRun(harness="h", exit_code=137, timed_out=False, duration_ms=1.0,
@@ -202,20 +267,30 @@ def harness_failure(run: HarnessRun) -> str:
     >>> harness_failure(killed)
     'harness h was killed by signal 9 (SIGKILL), exit status 137; stderr: boom'
     """
-    code = run.exit_code
+    stderr = _stderr_tail(run)
+    what = _what_happened(run, calls_received)
+    return f"{what}; stderr: {stderr}" if stderr else what
+
+
+def _what_happened(run: HarnessRun, calls_received: int | None) -> str:
+    code, name = run.exit_code, run.harness
     if run.timed_out or code is None:
-        what = f"harness {run.harness} timed out"
-    elif code in NOT_STARTED_EXIT_CODES:
-        reason = "not found" if code == 127 else "not executable"
-        what = f"harness {run.harness} could not start ({reason}), exit status {code}"
-    elif code >= 128:
-        what = (
-            f"harness {run.harness} was killed by signal {code - 128} ({_signal_name(code - 128)}), exit status {code}"
+        return f"harness {name} timed out"
+    if code in NOT_STARTED_EXIT_CODES:
+        return (
+            f"harness {name} could not start ({'not found' if code == 127 else 'not executable'}), exit status {code}"
         )
-    else:
-        what = f"harness {run.harness} exited with status {code}"
-    stderr = run.artifacts.logs.get("stderr", "").strip()
-    return f"{what}; stderr: {stderr[-STDERR_IN_ERROR:]}" if stderr else what
+    if code >= 128:
+        return f"harness {name} was killed by signal {code - 128} ({_signal_name(code - 128)}), exit status {code}"
+    if calls_received is not None and _exited_before_first_call(run, calls_received):
+        return f"harness {name} could not start: it exited with status {code} before its first model call"
+    return f"harness {name} exited with status {code}"
+
+
+def _stderr_tail(run: HarnessRun) -> str:
+    """The last ``STDERR_LINES`` lines of the harness's stderr, at most ``STDERR_IN_ERROR`` characters."""
+    lines = run.artifacts.logs.get("stderr", "").strip().splitlines()
+    return "\n".join(lines[-STDERR_LINES:])[-STDERR_IN_ERROR:]
 
 
 def _signal_name(number: int) -> str:

@@ -3,10 +3,16 @@ isolated as ``orchard.env.isolation`` describes (namespaces, own uid, rlimits, m
 
 Layout under the runtime's root (mode 0711, so sandboxes cannot list it)::
 
-    <root>/<sandbox_id>/        mode 0700, owned by the sandbox's uid
+    <root>/<sandbox_id>/        mode 0700, owned by the sandbox's uid; inside a sandbox only its three parts exist
         work/                   the working copy (``spec.source_dir`` copied without .git); commands start here
         home/                   $HOME
-        tmp/                    $TMPDIR when there are no namespaces (otherwise /tmp is a private tmpfs)
+        tmp/                    /tmp and /var/tmp inside (with namespaces), $TMPDIR without
+        grader/, grader-out/, grader-home/
+                                made only for ``run_grader``, after every agent process is dead (grader/: root's)
+
+What a command sees of the machine is an allow-list (``orchard.env.sandbox_view``); the sandbox's memory, processes
+and CPU are limited as a whole by its cgroup (``orchard.env.cgroups``), its disk and CPU seconds by the watchdog
+(``orchard.env.watchdog``), and its system calls by the seccomp filter (``orchard.env.seccomp``).
 
 Network: in a new network namespace only ``lo`` exists. When ``spec.proxy_url`` is set, the runtime listens on the
 sandbox's own ``127.0.0.1:<proxy port>`` and relays each connection to the proxy (``orchard.env.proxy_bridge``):
@@ -21,43 +27,71 @@ until ``delete``/``close``, or until ``reap_expired`` finds its TTL lapsed (``tt
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import resource
+import secrets
 import shlex
 import shutil
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from orchard.bus import Producer
 from orchard.clock import now_ms
+from orchard.env.cgroups import CgroupSupport, detect_cgroups
 from orchard.env.events import Operation, OperationRecord, SandboxEventPublisher
-from orchard.env.exceptions import InvalidSandboxRequestError, SandboxExistsError, SandboxNotFoundError
-from orchard.env.interpreter import interpreter_paths
-from orchard.env.isolation import (
-    SYSTEM_PATH,
-    Isolation,
-    IsolationMode,
-    detect_isolation,
-    reachable_unchanged,
-    traversal_masks,
+from orchard.env.exceptions import (
+    InvalidSandboxRequestError,
+    SandboxError,
+    SandboxExistsError,
+    SandboxNotFoundError,
+    SandboxStartError,
 )
+from orchard.env.interpreter import interpreter_paths
+from orchard.env.isolation import SYSTEM_PATH, Isolation, IsolationMode, detect_isolation
+from orchard.env.mounts import detach_stale
 from orchard.env.process import RunningCommand
-from orchard.env.provisioning import Provisioner, SandboxResources
+from orchard.env.provisioning import Provisioner, SandboxResources, remove_tree
 from orchard.env.proxy_bridge import ProxyBridge
 from orchard.env.pty_session import LocalPty
-from orchard.env.runtime import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.env.runtime import (
+    ExecResult,
+    FileEntry,
+    GraderRun,
+    PtySession,
+    Runtime,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
 from orchard.env.safe_fs import ConfinedDirectory
-from orchard.env.uids import UidAllocator
+from orchard.env.sandbox_view import (
+    GRADER_DIR,
+    GRADER_OUT,
+    INSIDE_HOME,
+    INSIDE_ROOT,
+    INSIDE_WORK,
+    TOP_LEVEL_SYSTEM,
+    SandboxView,
+    stage_etc,
+)
+from orchard.env.seccomp import filter_fd, sandbox_filter_bpf
+from orchard.env.uids import UidAllocator, kill_processes_of
+from orchard.env.watchdog import Watchdog, Watched
 from orchard.logging import get_logger
 
 MIB = 1024 * 1024
 PATCH_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 16 * MIB
 SANDBOX_USER = "sandbox"
+LEGACY_SIGNALS_FILE = ".orchard-signals.json"
+MAX_GRADER_OUTPUT_BYTES = 4 * MIB
+"""What ``run_grader`` reads back of each file the grader wrote (its signals are a few hundred bytes)."""
 
 T = TypeVar("T")
 log = get_logger("orchard.env.local_runtime")
@@ -80,65 +114,75 @@ class LocalRuntime(Runtime):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         uid_allocator: UidAllocator | None = None,
     ) -> None:
-        """Create ``root`` if needed, detect the isolation this machine allows (once per process), and raise this
-        process's soft limit of open files to its hard limit (each sandbox holds a few descriptors).
+        """Create ``root`` if needed, detect the isolation and cgroups this machine allows (once per process), and
+        raise this process's soft limit of open files to its hard limit (each sandbox holds a few descriptors).
 
         ``git_snapshot``: make each working copy a fresh one-commit git repository. ``allowed_sources``: when set,
-        ``spec.source_dir`` must lie under one of these directories. ``hidden_paths``: host directories sandboxes
-        see empty (with namespaces) — whatever world-readable data they must not read, such as the bus and store
-        directories, task sources, hidden tests. ``shared_paths``: host directories sandboxes see read-only at
-        their own paths even inside a private or hidden directory (harness installations).
-        ``share_interpreter``: also share what this process's Python needs to run inside sandboxes (its
-        installation, virtualenv and the ``orchard`` package, ``orchard.env.interpreter``), so Python harnesses run
-        with ``sys.executable``; only the paths a sandbox could not otherwise reach are shared, and an untraversable
-        directory above them (``/root``) is masked so nothing else in it shows. ``max_output_bytes``: ``exec``
-        keeps at most this much of each of stdout and stderr (``exec_stream`` passes everything on).
+        ``spec.source_dir`` must lie under one of these directories. ``shared_paths``: host directories sandboxes
+        see read-only at their own paths (harness installations); nothing else of the host exists inside a
+        namespaced sandbox but the minimal system (``orchard.env.sandbox_view``). ``share_interpreter``: also share
+        what this process's Python needs to run inside sandboxes (its installation, virtualenv and the ``orchard``
+        package, ``orchard.env.interpreter``), so Python harnesses run with ``sys.executable``. ``hidden_paths``:
+        host directories that must stay invisible (the bus, the store, task directories): a shared path that would
+        show one is refused at start. ``max_output_bytes``: ``exec`` keeps at most this much of each of stdout and
+        stderr (``exec_stream`` passes everything on).
         """
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # noqa: S103 - traverse only: sandboxes cannot list it
         self.isolation: Isolation = detect_isolation(isolation)
+        self.cgroups: CgroupSupport = detect_cgroups() if self.isolation.drop_uid else CgroupSupport(None, "no uid")
+        if self.isolation.namespaces:
+            sandbox_filter_bpf()  # fail at start, not at the first command, when libseccomp is missing
         self.producer = bus_producer
         self.allowed_sources = [Path(p).resolve() for p in allowed_sources] if allowed_sources is not None else None
         self.max_output_bytes = max_output_bytes
         uids = (uid_allocator or UidAllocator()) if self.isolation.drop_uid else None
         self.bridge = ProxyBridge()
         hidden = tuple(Path(p).resolve() for p in hidden_paths)
-        if hidden and not self.isolation.namespaces:
-            log.warning("sandbox_hidden_paths_not_hidden", paths=[str(p) for p in hidden], reason="no namespaces")
-        shared = tuple(Path(p).resolve() for p in shared_paths)
-        if any(":" in str(p) for p in shared):
-            raise ValueError(f"shared paths may not contain ':': {[str(p) for p in shared]}")
+        shared = [Path(p).resolve() for p in shared_paths]
         if share_interpreter and self.isolation.namespaces:
-            shared += tuple(self._interpreter_shares(shared, hidden))
-        masks = tuple(traversal_masks(shared)) if self.isolation.mode == "root" else ()
+            shared += interpreter_paths()
+        self.shared = tuple(_outermost(p for p in shared if not _in_system(p)))
+        self._check_shares(hidden)
+        self.etc = (
+            stage_etc(self.root / f".etc-{os.getpid()}-{secrets.token_hex(4)}") if self.isolation.namespaces else None
+        )
+        self.scratch = os.geteuid() == 0
+        self._root_lock = _lock_root(self.root) if self.scratch else None
         self.provisioner = Provisioner(
-            self.root, self.isolation, uids, self.bridge, git_snapshot, hidden, shared, masks
+            self.root, self.isolation, uids, self.bridge, self.cgroups, git_snapshot, scratch=self.scratch
         )
         self._producer_lock = threading.Lock()
         self._sandboxes: dict[str, LocalSandbox] = {}
         self._reserved: set[str] = set()
         self._lock = threading.Lock()
         _raise_open_files_limit()
+        self.watchdog = Watchdog(self._busy)
+        if self.cgroups.version is None:
+            log.warning(
+                "sandbox_cgroups_unavailable", reason=self.cgroups.reason,
+                effect="memory, processes and CPU are limited per process (rlimits), not per sandbox",
+            )  # fmt: skip
         log.info(
             "local_runtime_started",
             root=str(self.root),
             isolation=self.isolation.describe(),
-            shared=[str(p) for p in shared],
-            masked=[str(p) for p in masks],
+            cgroups=self.cgroups.describe(),
+            shared=[str(p) for p in self.shared],
         )
 
-    def _interpreter_shares(self, shared: tuple[Path, ...], hidden: tuple[Path, ...]) -> list[Path]:
-        """This interpreter's directories that sandboxes would not otherwise see (and no shared path covers)."""
-        wanted = []
-        for path in interpreter_paths():
-            if any(path.is_relative_to(p) for p in shared) or reachable_unchanged(path, root=self.root, hidden=hidden):
-                continue
-            if ":" in str(path):
-                log.warning("sandbox_interpreter_not_shared", path=str(path), reason="':' in the path")
-                continue
-            wanted.append(path)
-        return wanted
+    def _check_shares(self, hidden: tuple[Path, ...]) -> None:
+        """A shared directory must not hold the runtime's root (every sandbox's files) or a hidden path."""
+        for path in self.shared:
+            for secret in (self.root, *hidden):
+                if secret.is_relative_to(path):
+                    raise ValueError(f"shared path {path} would show {secret} to every sandbox")
+
+    def _busy(self) -> list[Watched]:
+        with self._lock:
+            sandboxes = list(self._sandboxes.values())
+        return [sandbox.watched for sandbox in sandboxes if sandbox.busy]
 
     def create(self, spec: SandboxSpec) -> LocalSandbox:
         """Create and start a sandbox; it is ready for ``exec`` on return."""
@@ -201,9 +245,15 @@ class LocalRuntime(Runtime):
         return expired
 
     def close(self) -> None:
-        """Delete every sandbox and stop the proxy relay."""
+        """Delete every sandbox, stop the watchdog and the proxy relay."""
         super().close()
+        self.watchdog.close()
         self.bridge.close()
+        if self.etc is not None:
+            shutil.rmtree(self.etc, ignore_errors=True)
+        if self._root_lock is not None:
+            os.close(self._root_lock)
+            self._root_lock = None
 
     def _forget(self, sandbox_id: str) -> None:
         with self._lock:
@@ -231,6 +281,59 @@ class LocalSandbox(Sandbox):
         self._running: set[RunningCommand | LocalPty] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._grading = False
+        self._stops: list[str] = []
+        self.view = SandboxView.for_sandbox(self.workdir, resources.home, resources.tmp, runtime.shared, runtime.etc)
+        namespaced = self._isolation.namespaces
+        self.inside_workdir = INSIDE_WORK if namespaced else str(self.workdir)
+        self.inside_home = INSIDE_HOME if namespaced else str(resources.home)
+
+    def _inside(self, host_directory: str) -> str:
+        """A directory of the working copy (host path) as the sandbox's commands see it."""
+        relative = Path(host_directory).relative_to(self.workdir).as_posix()
+        return self.inside_workdir if relative == "." else f"{self.inside_workdir}/{relative}"
+
+    # -- limits -------------------------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """Whether a command or terminal is running."""
+        with self._lock:
+            return bool(self._running)
+
+    @property
+    def watched(self) -> Watched:
+        """What the watchdog checks (CPU seconds only while the agent runs: grading has its own timeout)."""
+        cgroup = self.resources.cgroup
+        return Watched(
+            name=self.spec.sandbox_id,
+            directories=(self.workdir, self.resources.home, self.resources.tmp),
+            disk_mb=None if self.resources.scratch else self.spec.limits.disk_mb,
+            cpu_seconds=self.spec.limits.cpu_seconds,
+            cpu_used=cgroup.cpu_seconds if cgroup is not None and not self._grading else None,
+            stop=self._limit_stop,
+        )
+
+    def _limit_stop(self, reason: str) -> None:
+        """Stop everything running because a whole-sandbox limit was reached; the commands report ``reason``."""
+        with self._lock:
+            self._stops.append(reason)
+        self.terminate_all()
+
+    def terminate_all(self) -> None:
+        """Kill every process of the sandbox: running commands and terminals, and anything left in its cgroup or
+        running as its uid (``SandboxStartError`` if some process survives)."""
+        with self._lock:
+            running = list(self._running)
+        cgroup = self.resources.cgroup
+        if cgroup is not None:
+            cgroup.kill_all()  # first: a closing command waits for its namespace to empty
+        for item in running:
+            item.close()
+        if self._owner is not None:
+            kill_processes_of(self._owner[0])
+        if cgroup is not None and not cgroup.kill_all():
+            raise SandboxStartError(f"sandbox {self.spec.sandbox_id!r}: processes survived SIGKILL")
 
     # -- commands -----------------------------------------------------------------------------------------------
 
@@ -256,12 +359,17 @@ class LocalSandbox(Sandbox):
         env: Mapping[str, str] | None,
         stdin: bytes | None,
         event_output: bytes | None = None,
+        view: SandboxView | None = None,
+        environment: dict[str, str] | None = None,
     ) -> ExecResult:
         started_ms = now_ms()
         cap = self._runtime.max_output_bytes
         captured: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         truncated: set[str] = set()
-        with self._command(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin) as running:
+        stops_before = len(self._stops)
+        with self._command(
+            command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin, view=view, environment=environment
+        ) as running:
             for stream, data in running.output():
                 buffer = captured[stream]
                 if len(buffer) + len(data) > cap:
@@ -269,6 +377,8 @@ class LocalSandbox(Sandbox):
                 buffer += data[: max(cap - len(buffer), 0)]
             exit_code = running.finish()
         stdout, stderr = bytes(captured["stdout"]), bytes(captured["stderr"])
+        for reason in self._stops[stops_before:]:
+            stderr += f"\n[orchard: sandbox stopped: {reason}]\n".encode()
         result = ExecResult(
             exit_code=exit_code,
             stdout=_text(stdout, cap if "stdout" in truncated else None),
@@ -326,19 +436,25 @@ class LocalSandbox(Sandbox):
         cwd: str,
         env: Mapping[str, str] | None,
         stdin: bytes | None,
+        view: SandboxView | None = None,
+        environment: dict[str, str] | None = None,
     ) -> Iterator[RunningCommand]:
         self._check_open()
         workdir = self.files.directory(cwd)
-        argv = self._wrap(_argv(command), workdir)
-        running = RunningCommand(
-            argv,
-            env=self._environment(workdir, env),
-            cwd=workdir,
-            timeout_s=timeout_s,
-            namespaced=self._isolation.namespaces,
-            stdin=stdin,
-            pass_fds=list(self._namespace_fds.values()),
-        )
+        seccomp = filter_fd() if self._isolation.namespaces else None
+        try:
+            running = RunningCommand(
+                self._wrap(_argv(command), self._inside(workdir), view=view, seccomp_fd=seccomp),
+                env=environment if environment is not None else self._environment(self._inside(workdir), env),
+                cwd=workdir,
+                timeout_s=timeout_s,
+                namespaced=self._isolation.namespaces,
+                stdin=stdin,
+                pass_fds=self._pass_fds(seccomp),
+            )
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         self._track(running)
         try:
             yield running
@@ -347,22 +463,39 @@ class LocalSandbox(Sandbox):
             with self._lock:
                 self._running.discard(running)
 
-    def _wrap(self, argv: Sequence[str], workdir: str, *, pty: bool = False) -> list[str]:
+    def _wrap(
+        self,
+        argv: Sequence[str],
+        workdir: str,
+        *,
+        pty: bool = False,
+        view: SandboxView | None = None,
+        seccomp_fd: int | None = None,
+    ) -> list[str]:
+        cgroup = self.resources.cgroup
         return self._isolation.command_argv(
             argv,
             cwd=workdir,
             limits=self.spec.limits,
             namespace_fds=self._namespace_fds or None,
             uid=self._owner[0] if self._owner is not None else None,
+            view=view or self.view,
+            seccomp_fd=seccomp_fd,
+            cgroup_prefix=cgroup.join_argv() if cgroup is not None else (),
+            whole_sandbox_memory=cgroup is not None,
             pty=pty,
         )
+
+    def _pass_fds(self, seccomp_fd: int | None) -> list[int]:
+        fds = list(self._namespace_fds.values())
+        return fds if seccomp_fd is None else [*fds, seccomp_fd]
 
     def _environment(self, workdir: str, extra: Mapping[str, str] | None, term: str = "dumb") -> dict[str, str]:
         """A minimal environment: nothing of the host's; the spec's variables, then the call's."""
         tmp = "/tmp" if self._isolation.namespaces else str(self.directory / "tmp")  # noqa: S108 - private tmpfs
         env = {
             "PATH": SYSTEM_PATH,
-            "HOME": str(self.directory / "home"),
+            "HOME": self.inside_home,
             "USER": SANDBOX_USER,
             "LOGNAME": SANDBOX_USER,
             "SHELL": "/bin/sh",
@@ -370,7 +503,7 @@ class LocalSandbox(Sandbox):
             "TERM": term,
             "TMPDIR": tmp,
             "PWD": workdir,
-            "GIT_CEILING_DIRECTORIES": str(self.directory),  # git never finds a repository above the sandbox
+            "GIT_CEILING_DIRECTORIES": self._ceiling(),  # git never finds a repository above the sandbox
         }
         env.update(self.spec.env)
         env.update(extra or {})
@@ -388,17 +521,22 @@ class LocalSandbox(Sandbox):
         self._check_open()
         argv = _argv(command) if command is not None else [_login_shell(), "-i"]
         workdir = str(self.workdir)
-        session = LocalPty(
-            self._wrap(argv, workdir, pty=True),
-            env=self._environment(workdir, None, term="xterm-256color"),
-            cwd=workdir,
-            namespaced=self._isolation.namespaces,
-            cols=cols,
-            rows=rows,
-            owner=self._owner,
-            pass_fds=list(self._namespace_fds.values()),
-            on_close=self._pty_closed(_command_line(argv), now_ms()),
-        )
+        seccomp = filter_fd() if self._isolation.namespaces else None
+        try:
+            session = LocalPty(
+                self._wrap(argv, self.inside_workdir, pty=True, seccomp_fd=seccomp),
+                env=self._environment(self.inside_workdir, None, term="xterm-256color"),
+                cwd=workdir,
+                namespaced=self._isolation.namespaces,
+                cols=cols,
+                rows=rows,
+                owner=self._owner,
+                pass_fds=self._pass_fds(seccomp),
+                on_close=self._pty_closed(_command_line(argv), now_ms()),
+            )
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         self._track(session)
         return session
 
@@ -458,6 +596,62 @@ class LocalSandbox(Sandbox):
             "APPLY_PATCH", tool, timeout_s=PATCH_TIMEOUT_S, cwd=".", env=None, stdin=data, event_output=data
         )
 
+    # -- grading ------------------------------------------------------------------------------------------------
+
+    def run_grader(self, files: Mapping[str, bytes], command: str, *, timeout_s: float) -> GraderRun:
+        """Run a grading command over the working copy with the grader out of the agent's reach.
+
+        Every process of the sandbox is killed first. The grader's ``files`` go into a fresh root-owned, read-only
+        directory outside the working copy (``$ORCHARD_GRADER_DIR``); the command gets a fresh output directory
+        (``$ORCHARD_GRADER_OUT``, whose files come back in ``GraderRun.outputs``), a fresh ``$HOME`` and ``/tmp``,
+        and an environment of its own (nothing of the spec's, the harness's or the host's). With namespaces it sees
+        none of the agent's files but the working copy: not its home, not its temporary files."""
+        self._check_open()
+        self.terminate_all()
+        with contextlib.suppress(SandboxError):
+            self.files.delete(LEGACY_SIGNALS_FILE)  # never read, but no agent-written file may look like an output
+        grader, out, home = (self.directory / name for name in ("grader", "grader-out", "grader-home"))
+        for directory in (grader, out, home):
+            remove_tree(directory)
+        write_grader_files(grader, files)
+        for directory in (out, home):
+            directory.mkdir(mode=0o700)
+            if self._owner is not None:
+                os.chown(directory, *self._owner)
+        namespaced = self._isolation.namespaces
+        grader_dir, out_dir = (GRADER_DIR, GRADER_OUT) if namespaced else (str(grader), str(out))
+        environment = self._grader_environment(home, grader_dir, out_dir)
+        view = self.view.for_grader(self.workdir, home, grader, out) if namespaced else None
+        self._grading = True
+        try:
+            result = self._exec(
+                "EXEC", command, timeout_s=timeout_s, cwd=".", env=None, stdin=None, view=view,
+                environment=environment,
+            )  # fmt: skip
+        finally:
+            self._grading = False
+        return GraderRun(result=result, outputs=read_grader_outputs(out))
+
+    def _ceiling(self) -> str:
+        return INSIDE_ROOT if self._isolation.namespaces else str(self.directory)
+
+    def _grader_environment(self, home: Path, grader_dir: str, out_dir: str) -> dict[str, str]:
+        tmp = "/tmp" if self._isolation.namespaces else str(home)  # noqa: S108 - the grader's own fresh tmpfs
+        return {
+            "PATH": SYSTEM_PATH,
+            "HOME": self.inside_home if self._isolation.namespaces else str(home),
+            "USER": SANDBOX_USER,
+            "LOGNAME": SANDBOX_USER,
+            "SHELL": "/bin/sh",
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": tmp,
+            "PWD": self.inside_workdir,
+            "GIT_CEILING_DIRECTORIES": self._ceiling(),
+            "ORCHARD_GRADER_DIR": grader_dir,
+            "ORCHARD_GRADER_OUT": out_dir,
+        }
+
     # -- lifetime -----------------------------------------------------------------------------------------------
 
     def heartbeat(self) -> None:
@@ -471,7 +665,7 @@ class LocalSandbox(Sandbox):
             spec=self.spec,
             created_at=self.created_at,
             expires_at=time.time() + (self.deadline - time.monotonic()),
-            workdir=str(self.workdir),
+            workdir=self.inside_workdir,
             proxy_endpoint=self.proxy_endpoint,
             isolation=self._isolation.describe(),
         )
@@ -493,6 +687,46 @@ class LocalSandbox(Sandbox):
             raise SandboxNotFoundError(f"sandbox {self.spec.sandbox_id!r} was deleted")
 
 
+def write_grader_files(directory: Path, files: Mapping[str, bytes]) -> None:
+    """The grader's files in a new directory owned by root (directories 0755, files 0644: readable, not writable,
+    by the sandbox's uid); a path that leaves the directory is refused."""
+    directory.mkdir(mode=0o755)
+    for relative, data in files.items():
+        path = (directory / relative).resolve()
+        if not path.is_relative_to(directory.resolve()) or path == directory.resolve():
+            raise InvalidSandboxRequestError(f"grader file {relative!r} leaves the grader's directory")
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.chmod(path, 0o644)
+
+
+def read_grader_outputs(directory: Path, max_files: int = 64) -> dict[str, bytes]:
+    """The regular files the grader left in ``directory`` (not following symbolic links), by relative path, each cut
+    at ``MAX_GRADER_OUTPUT_BYTES``."""
+    outputs: dict[str, bytes] = {}
+    for path in sorted(directory.rglob("*")):
+        if len(outputs) >= max_files:
+            break
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as handle:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                outputs[path.relative_to(directory).as_posix()] = handle.read(MAX_GRADER_OUTPUT_BYTES)
+    return outputs
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    unique = sorted(set(paths))
+    return [p for p in unique if not any(p != other and p.is_relative_to(other) for other in unique)]
+
+
+def _in_system(path: Path) -> bool:
+    """Whether the minimal system view already shows ``path`` (``/usr/...`` and the links into it)."""
+    return any(path.is_relative_to(Path("/") / name) for name in TOP_LEVEL_SYSTEM)
+
+
 def _argv(command: Sequence[str] | str) -> list[str]:
     if isinstance(command, str):
         return ["/bin/sh", "-c", command]
@@ -512,6 +746,22 @@ def _text(data: bytes, truncated_at: int | None) -> str:
 
 def _login_shell() -> str:
     return "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+
+
+def _lock_root(root: Path) -> int:
+    """Share the runtime root with every other live runtime there (a shared ``flock``); the first one in, holding
+    it alone for a moment, first detaches the sandbox mounts a crashed runtime left behind."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # flock on the directory itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass
+    else:
+        stale = detach_stale(root)
+        if stale:
+            log.warning("sandbox_stale_mounts_detached", count=len(stale), root=str(root))
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 def _raise_open_files_limit() -> None:

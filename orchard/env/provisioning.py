@@ -1,5 +1,5 @@
-"""Making and unmaking what one local sandbox holds: a uid lease, its directories and working copy, its namespaces
-and its one network door (to the proxy). Each step is undone, in reverse, when a later one fails.
+"""Making and unmaking what one local sandbox holds: a uid lease, its directories and working copy, its cgroup, its
+namespaces and its one network door (to the proxy). Each step is undone, in reverse, when a later one fails.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from orchard.env.cgroups import CgroupSupport, SandboxCgroup
 from orchard.env.exceptions import InvalidSandboxRequestError, SandboxExistsError, SandboxStartError
 from orchard.env.isolation import SYSTEM_PATH, Isolation
+from orchard.env.mounts import mount_scratch, unmount
 from orchard.env.netns import listen_loopback, loopback_up, run_in_netns
 from orchard.env.process import spawn
 from orchard.env.proxy_bridge import BridgeListener, ProxyBridge
@@ -25,8 +27,6 @@ from orchard.env.workspace import chown_tree, copy_source, git_snapshot
 
 MIB = 1024 * 1024
 HOLDER_READY_TIMEOUT_S = 15.0
-TMPFS_MAX_MB = 1024
-"""Size cap of each private tmpfs (/tmp, /var/tmp, /dev/shm); below it, the spec's ``disk_mb``."""
 
 
 @dataclass
@@ -39,12 +39,25 @@ class SandboxResources:
     namespace_fds: dict[str, int] = field(default_factory=dict)
     listener: BridgeListener | None = None
     proxy_endpoint: str | None = None
+    cgroup: SandboxCgroup | None = None
     made_directory: bool = False
+    scratch: bool = False
+    """The directory is a tmpfs of ``disk_mb`` (``orchard.env.mounts``)."""
 
     @property
     def workdir(self) -> Path:
         """The working copy."""
         return self.directory / "work"
+
+    @property
+    def home(self) -> Path:
+        """``$HOME`` of the agent's commands."""
+        return self.directory / "home"
+
+    @property
+    def tmp(self) -> Path:
+        """The sandbox's temporary directory (``/tmp`` inside)."""
+        return self.directory / "tmp"
 
 
 @dataclass(frozen=True)
@@ -55,21 +68,27 @@ class Provisioner:
     isolation: Isolation
     uids: UidAllocator | None
     bridge: ProxyBridge
+    cgroups: CgroupSupport
     git_snapshot: bool = False
-    hidden_paths: tuple[Path, ...] = ()
-    shared_paths: tuple[Path, ...] = ()
-    masks: tuple[Path, ...] = ()
+    scratch: bool = False
+    """Give each sandbox a tmpfs of ``disk_mb`` (needs root)."""
 
     def provision(self, spec: SandboxSpec) -> SandboxResources:
-        """Lease a uid, copy the working copy, create namespaces, open the door to the proxy."""
+        """Lease a uid, copy the working copy, make the cgroup, create namespaces, open the door to the proxy."""
         resources = SandboxResources(self.root / spec.sandbox_id)
         try:
             if self.uids is not None:
                 resources.lease = self.uids.acquire()
                 resources.owner = (resources.lease.uid, resources.lease.uid)
             self._make_directories(spec, resources)
-            if self.isolation.namespaces:
-                resources.namespace_fds = self._start_namespaces(spec, resources.directory)
+            if self.cgroups.version is not None:
+                limits = spec.limits
+                resources.cgroup = SandboxCgroup.create(
+                    self.cgroups, spec.sandbox_id, memory_mb=limits.memory_mb, processes=limits.processes,
+                    cpus=limits.cpus,
+                )  # fmt: skip
+            if self.isolation.holds_namespaces:
+                resources.namespace_fds = self._start_namespaces()
             resources.proxy_endpoint = self._open_network(spec, resources)
         except BaseException:
             self.release(resources)
@@ -85,6 +104,12 @@ class Provisioner:
             with contextlib.suppress(OSError):
                 os.close(fd)
         resources.namespace_fds = {}
+        if resources.cgroup is not None:
+            resources.cgroup.remove()
+            resources.cgroup = None
+        if resources.scratch:
+            unmount(resources.directory)
+            resources.scratch = False
         if resources.made_directory:
             remove_tree(resources.directory)
             resources.made_directory = False
@@ -99,8 +124,12 @@ class Provisioner:
         except FileExistsError:
             raise SandboxExistsError(f"directory {directory} already exists") from None
         resources.made_directory = True
-        for sub in (resources.workdir, directory / "home", directory / "tmp"):
+        if self.scratch:
+            mount_scratch(directory, spec.limits.disk_mb, resources.owner)
+            resources.scratch = True
+        for sub in (resources.workdir, resources.home, resources.tmp):
             sub.mkdir(mode=0o755)
+        os.chmod(resources.tmp, 0o1777)  # noqa: S103 - the sandbox's own /tmp: sticky, as /tmp always is
         if spec.source_dir is not None:
             copy_source(Path(spec.source_dir), resources.workdir, max_bytes=spec.limits.disk_mb * MIB)
             if self.git_snapshot if spec.git_snapshot is None else spec.git_snapshot:
@@ -108,12 +137,9 @@ class Provisioner:
         if resources.owner is not None:
             chown_tree(directory, *resources.owner)
 
-    def _start_namespaces(self, spec: SandboxSpec, directory: Path) -> dict[str, int]:
+    def _start_namespaces(self) -> dict[str, int]:
         """Run the holder; keep its namespaces open by descriptor; let it exit."""
-        tmp_mb = min(spec.limits.disk_mb, TMPFS_MAX_MB)
-        argv = self.isolation.holder_argv(
-            directory, self.root, tmp_mb, self.hidden_paths, self.shared_paths, self.masks
-        )
+        argv = self.isolation.holder_argv()
         pipe = subprocess.PIPE
         holder = spawn(argv, env={"PATH": SYSTEM_PATH}, cwd="/", stdin=pipe, stdout=pipe, stderr=pipe)
         fds: dict[str, int] = {}

@@ -6,6 +6,7 @@ Two runtimes implement it: ``local`` (a process tree in its own working copy and
 
 from __future__ import annotations
 
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -13,21 +14,58 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_MIB = 64 * 1024 * 1024
+"""The largest size limit accepted, MiB (64 TiB: past it, rlimit arithmetic overflows and the kernel refuses)."""
 SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
 class Limits(BaseModel):
-    """Resource limits of one sandbox (rlimits locally, requests/limits on Kubernetes)."""
+    """Resource limits of one sandbox. The local runtime enforces them for the sandbox as a whole where it can use
+    cgroups (memory, processes, CPU) and its disk watcher (``disk_mb``, CPU seconds), and per process with rlimits
+    everywhere; the Kubernetes runtime maps them onto the pod (see the README's "What each runtime enforces")."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cpu_seconds: int = Field(600, ge=1, description="CPU time of the whole process tree, seconds (RLIMIT_CPU).")
-    cpus: float = Field(1.0, gt=0, description="CPU cores (Kubernetes limit).")
-    memory_mb: int = Field(2048, ge=16, description="Address space / memory limit, MiB.")
-    open_files: int = Field(1024, ge=16, description="Open file descriptors per process (RLIMIT_NOFILE).")
-    processes: int = Field(256, ge=4, description="Processes of the sandbox user (RLIMIT_NPROC).")
-    file_size_mb: int = Field(1024, ge=1, description="Largest file a process may write, MiB (RLIMIT_FSIZE).")
-    disk_mb: int = Field(4096, ge=16, description="Working copy size limit, MiB (ephemeral storage on Kubernetes).")
+    cpu_seconds: int = Field(
+        600,
+        ge=1,
+        le=10_000_000,
+        description="CPU time of the whole sandbox, seconds (cgroup accounting; also each process's RLIMIT_CPU).",
+    )
+    cpus: float = Field(
+        1.0, gt=0, le=1024, description="CPU cores of the whole sandbox (cgroup CPU quota; Kubernetes limit)."
+    )
+    memory_mb: int = Field(
+        2048,
+        ge=16,
+        le=MAX_MIB,
+        description="Memory of the whole sandbox, MiB (cgroup limit; pod memory limit). Without cgroups, "
+        "each process's address space.",
+    )
+    address_space_mb: int | None = Field(
+        None,
+        ge=16,
+        le=MAX_MIB,
+        description="Address space of each process, MiB (RLIMIT_AS); None: unlimited where a cgroup "
+        "limits memory (Chromium and V8 reserve a terabyte they never touch), else memory_mb.",
+    )
+    open_files: int = Field(1024, ge=16, le=1_048_576, description="Open file descriptors per process (RLIMIT_NOFILE).")
+    processes: int = Field(
+        256,
+        ge=4,
+        le=4_194_304,
+        description="Processes of the whole sandbox (pids cgroup; also RLIMIT_NPROC of its own uid).",
+    )
+    file_size_mb: int = Field(
+        1024, ge=1, le=MAX_MIB, description="Largest file a process may write, MiB (RLIMIT_FSIZE)."
+    )
+    disk_mb: int = Field(
+        4096,
+        ge=16,
+        le=MAX_MIB,
+        description="Working copy, home and temporary files together, MiB: checked at copy-in and "
+        "enforced while commands run (ephemeral storage on Kubernetes).",
+    )
 
 
 class SandboxSpec(BaseModel):
@@ -61,6 +99,15 @@ class ExecResult(BaseModel):
     stderr: str
     duration_ms: float
     timed_out: bool = False
+
+
+class GraderRun(BaseModel):
+    """How a grading command ended, and the files it left in its output directory (by name)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    result: ExecResult
+    outputs: dict[str, bytes] = Field(default_factory=dict)
 
 
 class FileEntry(BaseModel):
@@ -162,6 +209,31 @@ class Sandbox(ABC):
     @abstractmethod
     def close(self) -> None:
         """Kill everything running and delete the sandbox."""
+
+    def run_grader(self, files: Mapping[str, bytes], command: str, *, timeout_s: float) -> GraderRun:
+        """Run a grading command over the working copy once the agent is done, with the grader out of its reach.
+
+        ``files`` (relative paths) are placed in a fresh directory outside the working copy, named to the command
+        by ``$ORCHARD_GRADER_DIR``; the command writes its outputs into the fresh ``$ORCHARD_GRADER_OUT``, whose
+        files come back in ``GraderRun.outputs``. It runs through ``/bin/sh -c`` in the working copy.
+
+        This default works on any backend through ``exec`` only (a directory with a random name under ``/tmp``,
+        and only ``signals.json`` read back); it cannot stop processes the agent left running. Backends that can
+        do better override it (the local runtime: every agent process killed first, the grader read-only in an
+        otherwise fresh view, a clean environment)."""
+        base = f"/tmp/orchard-grader-{secrets.token_hex(12)}"  # noqa: S108 - unguessable, made after the agent
+        grader_dir, out_dir = f"{base}/grader", f"{base}/out"
+        self.exec(["/bin/sh", "-c", 'umask 077; mkdir -p "$1" "$2"', "orchard-grader", grader_dir, out_dir])
+        for relative, data in sorted(files.items()):
+            path = f"{grader_dir}/{relative}"
+            script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
+            self.exec(["/bin/sh", "-c", script, "orchard-grader", path], stdin=data)
+        env = {"ORCHARD_GRADER_DIR": grader_dir, "ORCHARD_GRADER_OUT": out_dir}
+        result = self.exec(command, timeout_s=timeout_s, env=env)
+        signals = self.exec(["/bin/sh", "-c", 'cat "$1" 2>/dev/null', "orchard-grader", f"{out_dir}/signals.json"])
+        outputs = {"signals.json": signals.stdout.encode()} if signals.exit_code == 0 else {}
+        self.exec(["rm", "-rf", base])
+        return GraderRun(result=result, outputs=outputs)
 
     def info(self) -> SandboxInfo:
         """The spec plus lifetime and endpoints (backends fill in what they know)."""

@@ -24,6 +24,10 @@ from orchard.env.exceptions import InvalidSandboxRequestError, PathEscapeError, 
 from orchard.env.runtime import FileEntry
 
 MAX_SYMLINK_HOPS = 40
+MAX_NAME_BYTES = 255
+"""Longest file name (one path component) Linux file systems take (NAME_MAX)."""
+MAX_PATH_BYTES = 4095
+"""Longest path a sandbox may name (PATH_MAX less its NUL)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -37,7 +41,23 @@ def split_path(path: str) -> list[str]:
         raise InvalidSandboxRequestError("path contains a NUL byte")
     if path.startswith("/"):
         raise PathEscapeError(f"absolute path {path!r}: paths are relative to the working copy")
-    return [part for part in path.split("/") if part not in ("", ".")]
+    if _encoded_size(path) > MAX_PATH_BYTES:
+        raise InvalidSandboxRequestError(f"path is {_encoded_size(path)} bytes long; the limit is {MAX_PATH_BYTES}")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    for part in parts:
+        if _encoded_size(part) > MAX_NAME_BYTES:
+            raise InvalidSandboxRequestError(
+                f"path component {part[:40]!r}... is {_encoded_size(part)} bytes long; the limit is {MAX_NAME_BYTES}"
+            )
+    return parts
+
+
+def _encoded_size(text: str) -> int:
+    """Bytes of ``text`` as a file name (undecodable bytes kept as the file system encoding keeps them)."""
+    try:
+        return len(os.fsencode(text))
+    except UnicodeEncodeError:
+        raise InvalidSandboxRequestError(f"path {text[:40]!r} is not valid UTF-8") from None
 
 
 class _Walk:

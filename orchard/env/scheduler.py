@@ -1,7 +1,9 @@
 """The episode scheduler: a concurrency limit, a wall-clock timeout per episode, retries of infrastructure
 failures (never of agent failures), cancellation, and a graceful shutdown that reports what it stops.
 
-The scheduler knows nothing about sandboxes or harnesses: it drives an ``EpisodeRunner``. A runner's ``run``
+The scheduler knows nothing about sandboxes or harnesses: it drives an ``EpisodeRunner``. A runner's ``check``
+refuses a request that could never run (``InvalidEpisodeError``: an unknown task or harness) before the episode is
+created, so such a request gets an error instead of an episode that later ends ``CRASHED``. A runner's ``run``
 raises ``InfrastructureError`` for failures of the platform (a sandbox that could not be created, a proxy that
 did not answer), which are retried; any other exception is the episode's own failure and is reported as
 ``CRASHED``. Every episode ends with exactly one ``report`` or a successful ``run`` (which publishes its own
@@ -80,6 +82,9 @@ class Episode:
 class EpisodeRunner(Protocol):
     """What actually runs an episode (sandbox, proxy, harness, grader) and publishes its outcome."""
 
+    def check(self, request: dict[str, Any]) -> None:
+        """Raise ``InvalidEpisodeError`` if the request could never run (unknown task or harness, bad options)."""
+
     async def run(self, episode: Episode, emit: EventSink) -> EpisodeState:
         """Run the episode to its end, publish its outcome, return SUCCEEDED or FAILED."""
 
@@ -119,13 +124,20 @@ class Scheduler:
         self._closing = False
 
     # ---------------------------------------------------------------- public
+    @property
+    def closing(self) -> bool:
+        """Whether ``shutdown`` was called (no new episodes are taken)."""
+        return self._closing
+
     def submit(self, request: dict[str, Any], episode_id: str | None = None) -> Episode:
-        """Queue an episode; it starts when a slot is free."""
+        """Queue an episode; it starts when a slot is free. ``InvalidEpisodeError`` (nothing is created) if the runner
+        says the request could never run; ``OrchardError`` for a duplicate id or a scheduler shutting down."""
         if self._closing:
             raise OrchardError("the scheduler is shutting down; no new episodes")
         episode_id = episode_id or f"ep-{uuid.uuid4().hex[:12]}"
         if episode_id in self.episodes:
             raise OrchardError(f"episode {episode_id!r} was already submitted")
+        self.runner.check(request)
         episode = Episode(episode_id, request)
         self.episodes[episode_id] = episode
         self._emit(episode, "queued")

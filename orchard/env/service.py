@@ -2,6 +2,11 @@
 
 Every route but ``/healthz`` needs ``Authorization: Bearer <token>``. ``/metrics`` is Prometheus text:
 episodes running and queued, finished by status, and launch latency (submit to start).
+
+Errors are JSON ``{"detail": text}``: 401 without the token, 404 for an unknown episode, 409 for an episode id
+already used, 422 for a malformed body or one naming a task, harness or harness options the Env does not have
+(refused before any episode is created), 503 while shutting down. An error no route anticipated is answered 400 when
+the request caused it, else 500 with the traceback logged; the connection stays open either way.
 """
 
 from __future__ import annotations
@@ -12,13 +17,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.env.scheduler import Scheduler
+from orchard.env.api import LastLineOfDefence
+from orchard.env.exceptions import InvalidEpisodeError
+from orchard.env.scheduler import EpisodeState, Scheduler
 from orchard.exceptions import OrchardError
 
 
@@ -80,6 +87,7 @@ def create_env_app(scheduler: Scheduler, token: str) -> FastAPI:
         await scheduler.shutdown()
 
     app = FastAPI(title="Orchard Env", lifespan=lifespan)
+    app.add_middleware(LastLineOfDefence, render=_detail)
     metrics = EnvMetrics(scheduler)
 
     def authorized(request: Request) -> None:
@@ -101,13 +109,15 @@ def create_env_app(scheduler: Scheduler, token: str) -> FastAPI:
     async def submit(body: EpisodeSubmission) -> dict[str, Any]:
         try:
             episode = scheduler.submit(body.model_dump(), body.episode_id)
+        except InvalidEpisodeError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from exc
         except OrchardError as exc:
-            raise HTTPException(status_code=409, detail=str(exc)) from exc
+            raise HTTPException(status_code=503 if scheduler.closing else 409, detail=str(exc)) from exc
         return episode.summary()
 
     @app.get("/episodes", dependencies=guarded)
-    async def list_episodes(state: str | None = None) -> list[dict[str, Any]]:
-        return [e.summary() for e in scheduler.episodes.values() if state is None or e.state.value == state]
+    async def list_episodes(state: EpisodeState | None = None) -> list[dict[str, Any]]:
+        return [e.summary() for e in scheduler.episodes.values() if state is None or e.state == state]
 
     def known(episode_id: str) -> None:
         if episode_id not in scheduler.episodes:
@@ -135,3 +145,8 @@ def create_env_app(scheduler: Scheduler, token: str) -> FastAPI:
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     return app
+
+
+def _detail(status: int, code: str, message: str) -> Response:
+    """The service's error body for an error no route anticipated."""
+    return JSONResponse({"detail": message, "error": code}, status_code=status)

@@ -1,10 +1,14 @@
 """Tasks and graders: what an episode works on, and how its end state becomes reward, success and signals.
 
 A task directory holds ``task.yaml`` (id, instruction, grading command, limits), ``workspace/`` (copied into the
-sandbox for the harness, without version-control history) and optionally ``hidden/`` (tests and references the
-grader needs: copied into the sandbox only after the harness has exited, so the agent can never read them).
-The grading command's exit status decides success; it may also write ``.orchard-signals.json`` (a JSON object of
-named numbers, such as the fraction of tests passing) for partial credit.
+sandbox for the harness, without version-control history) and optionally ``hidden/`` (the grader and what it needs:
+tests, references). The grader never lives in the working copy: once the harness has exited and every process it
+started is dead, the runtime places ``hidden/`` in a fresh directory out of the agent's reach, named to the grading
+command by ``$ORCHARD_GRADER_DIR`` (``Sandbox.run_grader``), and runs the command in the working copy, which is its
+input only. The command's exit status decides success; it may also write ``$ORCHARD_GRADER_OUT/signals.json`` (a
+JSON object of named numbers, such as the fraction of tests passing) for partial credit. Write grading commands as
+``python3 -I "$ORCHARD_GRADER_DIR/grade.py"``: ``-I`` keeps the working copy, ``$HOME`` and ``PYTHON*`` variables
+off the grader's import path.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from orchard.env.runtime import Limits, Sandbox
 from orchard.exceptions import ConfigError, OrchardError
 
-SIGNALS_FILE = ".orchard-signals.json"
+SIGNALS_FILE = "signals.json"
+"""The grader's partial-credit signals, in ``$ORCHARD_GRADER_OUT``."""
+MAX_HIDDEN_BYTES = 512 * 1024 * 1024
 
 
 class TaskSpec(BaseModel):
@@ -99,19 +105,43 @@ class Grade(BaseModel):
 
 
 def grade(sandbox: Sandbox, task: TaskSpec) -> Grade:
-    """Copy the hidden files in, run the grading command, and read its verdict and signals."""
-    if task.hidden.is_dir():
-        for path in sorted(p for p in task.hidden.rglob("*") if p.is_file()):
-            sandbox.write_file(path.relative_to(task.hidden).as_posix(), path.read_bytes())
-    result = sandbox.exec(task.grade_command, timeout_s=task.grade_timeout_s)
-    signals: dict[str, float] = {}
-    try:
-        raw = json.loads(sandbox.read_file(SIGNALS_FILE))
-        signals = {str(k): float(v) for k, v in raw.items()}
-    except (OrchardError, OSError, ValueError, AttributeError, TypeError):
-        signals = {}
+    """Run the task's grader over the sandbox's working copy (``Sandbox.run_grader``): its verdict and signals."""
+    run = sandbox.run_grader(grader_files(task), task.grade_command, timeout_s=task.grade_timeout_s)
+    result = run.result
+    signals = read_signals(run.outputs.get(SIGNALS_FILE))
     success = result.exit_code == 0 and not result.timed_out
     signals.setdefault("grade_timed_out", float(result.timed_out))
     return Grade(
         reward=1.0 if success else 0.0, success=success, signals=signals, log=(result.stdout + result.stderr)[-4000:]
     )
+
+
+def grader_files(task: TaskSpec) -> dict[str, bytes]:
+    """Every file of the task's ``hidden/`` by relative path (symbolic links are not followed out of it)."""
+    if not task.hidden.is_dir():
+        return {}
+    files, total = {}, 0
+    for path in sorted(task.hidden.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        total += len(data)
+        if total > MAX_HIDDEN_BYTES:
+            raise OrchardError(f"task {task.task_id}: hidden/ holds more than {MAX_HIDDEN_BYTES} bytes")
+        files[path.relative_to(task.hidden).as_posix()] = data
+    return files
+
+
+def read_signals(data: bytes | None) -> dict[str, float]:
+    """A signals file's named numbers; anything malformed counts as no signals.
+
+    >>> read_signals(b'{"f2p_fraction": 0.5}'), read_signals(b"[1]"), read_signals(None)
+    ({'f2p_fraction': 0.5}, {}, {})
+    """
+    if not data:
+        return {}
+    try:
+        raw = json.loads(data)
+        return {str(k): float(v) for k, v in raw.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}

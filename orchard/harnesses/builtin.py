@@ -1,7 +1,14 @@
-"""Adapter of Orchard's built-in agent (``orchard.harnesses.builtin_agent``), run with a Python that can import it.
+"""Adapter of Orchard's built-in agent (``orchard.harnesses.builtin_agent``), run with any Python that has httpx.
 
-Files in the sandbox (``~/.orchard/harness/builtin/``): ``task.md`` (the instruction) and ``trajectory.jsonl`` (what
-the agent writes). The proxy token reaches the agent as ``OPENAI_API_KEY``.
+Files in the sandbox (``~/.orchard/harness/builtin/``): ``builtin_agent.py`` (the agent's source, copied from this
+process's own ``orchard``), ``task.md`` (the instruction) and ``trajectory.jsonl`` (what the agent writes). The proxy
+token reaches the agent as ``OPENAI_API_KEY``.
+
+The agent runs as ``python -I -u ~/.orchard/harness/builtin/builtin_agent.py``: isolated mode ignores every
+``PYTHON*`` variable (a ``PYTHONPATH`` or ``PYTHONHOME`` meant for someone else), the user's site-packages, and the
+working directory, so neither the sandbox's environment nor a task's own ``orchard`` package in the working copy
+decides which code runs, and the agent does not depend on where (or whether) the interpreter finds ``orchard``: a
+checkout the Env imported through its own ``PYTHONPATH`` may be invisible inside the sandbox.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from orchard.env.runtime import Sandbox
@@ -26,10 +34,15 @@ from orchard.harnesses.base import (
 
 TASK_FILE = "task.md"
 TRAJECTORY_FILE = "trajectory.jsonl"
+AGENT_FILE = "builtin_agent.py"
+AGENT_SOURCE = Path(__file__).with_name("builtin_agent.py")
+ISOLATED = ("-I", "-u")
+"""Interpreter flags: isolated mode (no ``PYTHON*`` variables, user site or working directory on the path), and
+unbuffered output."""
 
 
 class BuiltinAgentAdapter(HarnessAdapter):
-    """Runs ``python -m orchard.harnesses.builtin_agent`` against the endpoint."""
+    """Runs the built-in agent's source file with ``python -I -u`` against the endpoint."""
 
     name = "builtin"
 
@@ -54,13 +67,14 @@ class BuiltinAgentAdapter(HarnessAdapter):
         self.extra_body = dict(extra_body or {})
 
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
-        """Write the task text."""
+        """Write the task text and the agent's source."""
         write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
+        write_state_file(sandbox, self.state(AGENT_FILE), AGENT_SOURCE.read_bytes())
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
-        """``python -m orchard.harnesses.builtin_agent`` with the endpoint, limits and state file paths."""
+        """``python -I -u builtin_agent.py`` with the endpoint, limits and state file paths."""
         argv: list[ShellArg] = [
-            self.python, "-m", "orchard.harnesses.builtin_agent",
+            self.python, *ISOLATED, self.state(AGENT_FILE),
             "--base-url", endpoint.base_url,
             "--model", endpoint.model,
             "--task-file", self.state(TASK_FILE),

@@ -3,8 +3,12 @@
 How it is run (checked against mini-swe-agent 2.4.6 with litellm 1.97)::
 
     MSWEA_GLOBAL_CONFIG_DIR=~/.orchard/harness/mini-swe-agent/global OPENAI_API_KEY=<token> \
-    python -m minisweagent.run.mini --yolo --exit-immediately -c mini.yaml \
+    python -I -u -m minisweagent.run.mini --yolo --exit-immediately -c mini.yaml \
         -c ~/.orchard/harness/mini-swe-agent/config.yaml -o ~/.orchard/harness/mini-swe-agent/trajectory.json
+
+- ``-I`` (isolated mode): no ``PYTHON*`` variable, user site-packages or working directory decides what is imported,
+  so a ``PYTHONPATH`` in the sandbox's environment or a package of the same name in the task's working copy cannot
+  replace mini's own code; ``-u``: unbuffered output.
 
 - ``-c mini.yaml`` keeps the harness's own default prompts and templates (a ``-c`` flag replaces the default config,
   so it has to be named); our ``config.yaml`` is merged over it and holds only what Orchard decides: the model, the
@@ -112,9 +116,9 @@ class MiniSweAgentAdapter(HarnessAdapter):
         write_state_file(sandbox, self.state(CONFIG_FILE), text)
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
-        """``python -m minisweagent.run.mini --yolo --exit-immediately -c mini.yaml -c config.yaml -o traj``."""
+        """``python -I -u -m minisweagent.run.mini --yolo --exit-immediately -c mini.yaml -c config.yaml -o traj``."""
         argv: list[ShellArg] = [
-            self.python, "-m", "minisweagent.run.mini", "--yolo", "--exit-immediately",
+            self.python, "-I", "-u", "-m", "minisweagent.run.mini", "--yolo", "--exit-immediately",
             "-c", self.base_config,
             "-c", self.state(CONFIG_FILE),
             "-o", self.state(TRAJECTORY_FILE),

@@ -56,7 +56,7 @@ class Services:
 
     def __init__(self, workdir: Path, python: str = sys.executable) -> None:
         self.process = subprocess.Popen(  # noqa: S603 - our own module, with this interpreter
-            [python, "-m", "recipes.claw.services", "--workdir", str(workdir), "--port", "0"],
+            [python, "-P", "-m", "recipes.claw.services", "--workdir", str(workdir), "--port", "0"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,

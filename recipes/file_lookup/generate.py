@@ -8,14 +8,14 @@ three-digit values, unique within the task. The instruction names one file and o
 An agent solves it in three model calls with the built-in harness: ``shell`` ``cat owl.txt``, ``shell``
 ``echo 417 > answer.txt``, ``submit``. It is small enough for a tiny model to learn on CPU (copy a file name from
 the instruction, copy a value from a tool result, stop), yet every call goes through the real sandbox, proxy and
-grader. ``grade.py`` (shipped into each task's ``hidden/.grader/``) documents the reward and signals.
+grader. ``grade.py`` (shipped at the top of each task's ``hidden/``) documents the reward and signals.
 
 Layout written by ``generate``::
 
     OUT/manifest.json                  the config, and each split's task ids
     OUT/train/<task_id>/task.yaml      one task directory each (``orchard.env.tasks.load_task`` reads it)
                        /workspace/*.txt
-                       /hidden/.grader/grade.py, reference.json
+                       /hidden/grade.py, reference.json   the grader (run from outside the working copy)
     OUT/eval/<task_id>/...             the held-out split: no task shares its instruction and files with a train task
 
 The same config always writes byte-identical trees. The eval split is drawn from its own random stream, so it does
@@ -49,9 +49,10 @@ KEYS = ("x", "y", "z", "w")
 VALUE_RANGE = (100, 999)
 """Values are three-digit numbers: a guess almost never hits a workspace value, so a copied value is evidence."""
 ANSWER_FILE = "answer.txt"
-GRADER_DIR = ".grader"
 GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
-GRADE_COMMAND = f"python3 {GRADER_DIR}/grade.py"
+GRADE_COMMAND = 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
+"""The Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``; ``-I`` keeps the working copy off the grader's path."""
+REFERENCE_FILE = "reference.json"
 Split = Literal["train", "eval"]
 SPLITS: tuple[Split, ...] = ("train", "eval")
 
@@ -117,7 +118,7 @@ class LookupTask:
     def from_directory(cls, directory: Path) -> LookupTask:
         """Read a task back from its directory (its id from ``task.yaml``, the rest from the hidden reference)."""
         spec = yaml.safe_load((directory / "task.yaml").read_text())
-        reference = json.loads((directory / "hidden" / GRADER_DIR / "reference.json").read_text())
+        reference = json.loads((directory / "hidden" / REFERENCE_FILE).read_text())
         return cls(spec["task_id"], reference["files"], reference["file"], reference["key"])
 
 
@@ -168,10 +169,10 @@ def write_task(task: LookupTask, config: LookupConfig, directory: Path) -> Path:
     (directory / "workspace").mkdir(parents=True)
     for name in sorted(task.files):
         (directory / "workspace" / name).write_text(task.file_text(name))
-    grader = directory / "hidden" / GRADER_DIR
-    grader.mkdir(parents=True)
-    shutil.copyfile(GRADE_SCRIPT, grader / "grade.py")
-    (grader / "reference.json").write_text(json.dumps(task.reference(), sort_keys=True, indent=1) + "\n")
+    hidden = directory / "hidden"
+    hidden.mkdir(parents=True)
+    shutil.copyfile(GRADE_SCRIPT, hidden / "grade.py")
+    (hidden / REFERENCE_FILE).write_text(json.dumps(task.reference(), sort_keys=True, indent=1) + "\n")
     (directory / "task.yaml").write_text(task_yaml(task, config))
     return directory
 

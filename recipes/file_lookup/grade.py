@@ -1,8 +1,10 @@
-"""The file-lookup grader: runs in the episode's working copy after the harness exits, standard library only.
+"""The file-lookup grader: run over the episode's working copy after the harness exits, standard library only.
 
-The generator ships this file into every task's ``hidden/.grader/`` with the task's ``reference.json``; the Env copies
-both into the working copy only once the agent is gone, then runs ``python3 .grader/grade.py``. It reads the agent's
-``answer.txt``, writes ``.orchard-signals.json`` and exits 0 only when the answer is exactly the reference value.
+The generator ships this file at the top of every task's ``hidden/`` with the task's ``reference.json``; once the
+agent is gone the Env places both in a read-only directory outside the working copy (``$ORCHARD_GRADER_DIR``) and
+runs ``python3 -I "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy. It reads the agent's ``answer.txt`` (the
+working copy is input only: nothing of it is imported), writes ``$ORCHARD_GRADER_OUT/signals.json`` and exits 0 only
+when the answer is exactly the reference value.
 
 Signals (all 0 or 1, except ``progress``):
 
@@ -22,6 +24,7 @@ guess) 0.2, a right value wrapped in extra text (``y=417``) 0.3, no answer 0.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -29,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 ANSWER_FILE = "answer.txt"
-SIGNALS_FILE = ".orchard-signals.json"
+OUT_ENV = "ORCHARD_GRADER_OUT"
+SIGNALS_NAME = "signals.json"
 REFERENCE_FILE = Path(__file__).resolve().parent / "reference.json"
 RIGHT_FILE_CREDIT = 0.3
 FORMAT_CREDIT = 0.2
@@ -61,10 +65,19 @@ def score(answer: str | None, reference: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def within(path: Path, root: Path) -> bool:
+    """Whether ``path``, links resolved, is inside ``root`` (an answer linked to the grader's own reference is not)."""
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
 def read_answer(workdir: Path) -> str | None:
-    """The start of ``answer.txt`` as text, or ``None`` when it is not a readable regular file."""
+    """The start of ``answer.txt`` as text, or ``None`` when it is not a readable regular file of the working copy."""
     path = workdir / ANSWER_FILE
-    if not path.is_file():  # a FIFO or device would block or never end
+    if not path.is_file() or not within(path, workdir):  # a FIFO or device would block or never end
         return None
     try:
         with path.open("rb") as handle:
@@ -73,11 +86,20 @@ def read_answer(workdir: Path) -> str | None:
         return None
 
 
+def signals_path() -> Path:
+    """``$ORCHARD_GRADER_OUT/signals.json``; exits with an error naming the variable when it is not set."""
+    out = os.environ.get(OUT_ENV)
+    if not out:
+        raise SystemExit(f"grade: {OUT_ENV} is not set (the Env's Sandbox.run_grader sets it)")
+    return Path(out) / SIGNALS_NAME
+
+
 def main() -> int:
     """Grade the current directory; exit status 0 only for a correct answer."""
+    target = signals_path()
     reference = json.loads(REFERENCE_FILE.read_text(encoding="utf-8"))
     signals = score(read_answer(Path.cwd()), reference)
-    Path(SIGNALS_FILE).write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
+    target.write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
     sys.stdout.write(json.dumps(signals, sort_keys=True) + "\n")
     return 0 if signals["answer_correct"] == 1.0 else 1
 

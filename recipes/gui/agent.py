@@ -24,7 +24,8 @@ each prompt extends the previous one, as prefix-delta recording expects.
 
 Chromium runs with ``--no-sandbox`` (the episode sandbox already isolates it, and its own sandbox needs privileges
 a sandboxed process has not got) and ``--disable-dev-shm-usage``. Its V8 reserves about 1 TiB of virtual address
-space, so the task's ``limits.memory_mb`` (the address-space rlimit) must be above that (the GUI tasks set 4 TiB).
+space, so the task's ``limits.address_space_mb`` must be above that (the GUI tasks set 4 TiB; their real memory,
+``memory_mb``, is 4 GiB for the whole sandbox).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class AppsProcess:
 
     def __init__(self, apps_dir: Path, python: str) -> None:
         seed, state = apps_dir / "seed.json", apps_dir / "state.json"
-        argv = [python, "-m", "recipes.gui.apps.server", "--seed", str(seed), "--state", str(state)]
+        argv = [python, "-P", "-m", "recipes.gui.apps.server", "--seed", str(seed), "--state", str(state)]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)  # noqa: S603
         line = self.process.stdout.readline() if self.process.stdout else b""
         if not line:

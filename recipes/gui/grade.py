@@ -1,10 +1,14 @@
-"""The GUI grader: runs in the episode's working copy after the harness exits; standard library only.
+"""The GUI grader: run over the episode's working copy after the harness exits; standard library only.
 
-The generator ships this file into every task's ``hidden/.grader/`` with ``expected.json`` (what must be true) and
+The generator ships this file at the top of every task's ``hidden/`` with ``expected.json`` (what must be true) and
 ``seed.json`` (the world the episode started from: the grader's own copy, so nothing the agent did can change it).
-It reads the apps' final state (``.gui/state.json``; the seed when the apps never started) and the submitted answer
-(``answer.txt``), writes ``.orchard-signals.json`` and exits 0 only on success. Every check is on state or answer,
-never on the agent's text. ``progress`` (in [0, 1]) is the partial credit; the other signals are 0 or 1:
+Once the agent is gone the Env places them in a read-only directory outside the working copy
+(``$ORCHARD_GRADER_DIR``) and runs ``python3 -I "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy, which is input
+only: nothing of it is imported or run. It reads the apps' final state (``.gui/state.json``; the seed when the apps
+never started; a state file that is not a JSON object fails the grade with ``state_readable`` 0) and the submitted
+answer (``answer.txt``), writes ``$ORCHARD_GRADER_OUT/signals.json`` and exits 0 only on success. Every check is on
+state or answer, never on the agent's text. ``progress`` (in [0, 1]) is the partial credit; the other signals are 0
+or 1:
 
 ==========  ==============================================================================================
 kind        signals (success needs all of them)
@@ -24,6 +28,7 @@ cancel      ``cancelled`` the booking is gone; ``kept`` the others are there; ``
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -31,7 +36,11 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-STATE, SEED, ANSWER, SIGNALS = Path(".gui/state.json"), HERE / "seed.json", Path("answer.txt"), ".orchard-signals.json"
+STATE, SEED, ANSWER = Path(".gui/state.json"), HERE / "seed.json", Path("answer.txt")
+OUT_ENV, SIGNALS_NAME = "ORCHARD_GRADER_OUT", "signals.json"
+MAX_ANSWER_BYTES, MAX_STATE_BYTES = 4096, 64 * 1024 * 1024
+UNREADABLE = {"state_readable": 0.0, "success": 0.0, "progress": 0.0}
+"""The signals when ``.gui/state.json`` is there but not a JSON object."""
 Signals = dict[str, float]
 
 
@@ -151,17 +160,58 @@ def grade(expected: dict[str, Any], seed: dict[str, Any], state: dict[str, Any],
     return signals | {"success": success, "progress": 1.0 if success else min(signals["progress"], 0.9)}
 
 
+def within_working_copy(path: Path) -> bool:
+    """Whether ``path``, links resolved, is inside the working copy (an answer linked to ``expected.json`` is not)."""
+    try:
+        path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def read_input(path: Path, limit: int) -> bytes | None:
+    """The first ``limit`` bytes of a working-copy file, ``None`` when it is not a readable regular file of the
+    working copy (a FIFO or device would block or never end; a link may point at the grader's own files)."""
+    if not path.is_file() or not within_working_copy(path):
+        return None
+    try:
+        with path.open("rb") as handle:
+            return handle.read(limit)
+    except OSError:
+        return None
+
+
+def read_state(seed: dict[str, Any]) -> dict[str, Any] | None:
+    """The apps' final state: the seed when there is none (the apps never started), ``None`` when it is there but
+    not a readable JSON object (unreadable state must not hide what the agent did)."""
+    if not STATE.exists() and not STATE.is_symlink():
+        return seed
+    data = read_input(STATE, MAX_STATE_BYTES)
+    try:
+        state = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def signals_path() -> Path:
+    """``$ORCHARD_GRADER_OUT/signals.json``; exits with an error naming the variable when it is not set."""
+    out = os.environ.get(OUT_ENV)
+    if not out:
+        raise SystemExit(f"grade: {OUT_ENV} is not set (the Env's Sandbox.run_grader sets it)")
+    return Path(out) / SIGNALS_NAME
+
+
 def main() -> int:
     """Grade the working copy; exit 0 on success."""
+    target = signals_path()
     expected = json.loads((HERE / "expected.json").read_text(encoding="utf-8"))
     seed = json.loads(SEED.read_text(encoding="utf-8"))
-    try:
-        state = json.loads(STATE.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        state = seed
-    answer = ANSWER.read_text(encoding="utf-8", errors="replace")[:4096] if ANSWER.is_file() else None
-    signals = grade(expected, seed, state, answer)
-    Path(SIGNALS).write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
+    raw = read_input(ANSWER, MAX_ANSWER_BYTES)
+    answer = raw.decode("utf-8", errors="replace") if raw is not None else None
+    state = read_state(seed)
+    signals = grade(expected, seed, state, answer) if state is not None else UNREADABLE
+    target.write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
     sys.stdout.write(json.dumps(signals, sort_keys=True) + "\n")
     return 0 if signals["success"] == 1.0 else 1
 

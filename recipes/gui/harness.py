@@ -64,7 +64,7 @@ class BrowserAgentAdapter(BuiltinAgentAdapter):
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``python -m recipes.gui.agent`` with the endpoint, mode, limits and state file paths."""
         argv: list[ShellArg] = [
-            self.python, "-m", "recipes.gui.agent",
+            self.python, "-P", "-m", "recipes.gui.agent",  # -P: the working copy never shadows the agent
             "--base-url", endpoint.base_url,
             "--model", endpoint.model,
             "--task-file", self.state(TASK_FILE),

@@ -22,7 +22,7 @@ worlds from their own seeds, so no eval world appears in train. A task directory
 
     <split>/<task_id>/task.yaml
                      /workspace/.gui/seed.json          the world the apps server starts from
-                     /hidden/.grader/grade.py, expected.json, seed.json (the grader's own copy)
+                     /hidden/grade.py, expected.json, seed.json   the grader and its own copy of the world
 
 Reference solutions (browser actions: the agent's tool calls, elements named by their exact accessible names; and
 the equivalent HTTP requests, for fast grader tests) are written to ``OUT/references/<task_id>.json``, outside the
@@ -51,12 +51,16 @@ from recipes.gui.apps.core import money
 from recipes.gui.world import CATEGORIES, ROOMS, build_world
 
 GRADER_SOURCE = Path(__file__).resolve().parent / "grade.py"
-GRADE_COMMAND = "python3 .grader/grade.py"
+GRADE_COMMAND = 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
+"""The Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``; ``-I`` keeps the working copy off the grader's path."""
 APPS_DIR = ".gui"
 NAMES = ("Ada Park", "Ben Ortiz", "Chloe Wu", "Dev Rao", "Eva Lind", "Finn Hale")
 ADDRESSES = ("12 Elm Street, Springfield", "4 Harbour Road, Bayview", "77 Hill Lane, Oakridge")
-LIMITS = {"memory_mb": 4 * 1024 * 1024, "processes": 4096, "open_files": 4096, "cpu_seconds": 900}
-"""Chromium's V8 reserves ~1 TiB of address space: the address-space rlimit (``memory_mb``) must exceed it."""
+LIMITS = {
+    "memory_mb": 4096, "address_space_mb": 4 * 1024 * 1024, "processes": 4096, "open_files": 4096, "cpu_seconds": 900,
+}  # fmt: skip
+"""Chromium's V8 reserves ~1 TiB of address space it never touches: each process's address-space rlimit
+(``address_space_mb``) must exceed it, while the sandbox's memory (``memory_mb``, its cgroup) stays 4 GiB."""
 Action = dict[str, Any]
 Http = tuple[str, str, dict[str, str]]
 
@@ -401,11 +405,11 @@ def write_task(task: GuiTask, config: SuiteConfig, directory: Path) -> Path:
     """One task directory (workspace seed, hidden grader) — the reference stays out of it."""
     (directory / "workspace" / APPS_DIR).mkdir(parents=True)
     (directory / "workspace" / APPS_DIR / "seed.json").write_text(json.dumps(task.world, indent=1, sort_keys=True))
-    grader = directory / "hidden" / ".grader"
-    grader.mkdir(parents=True)
-    shutil.copyfile(GRADER_SOURCE, grader / "grade.py")
-    (grader / "seed.json").write_text(json.dumps(task.world, indent=1, sort_keys=True))
-    (grader / "expected.json").write_text(json.dumps(task.expected, indent=1, sort_keys=True) + "\n")
+    hidden = directory / "hidden"
+    hidden.mkdir(parents=True)
+    shutil.copyfile(GRADER_SOURCE, hidden / "grade.py")
+    (hidden / "seed.json").write_text(json.dumps(task.world, indent=1, sort_keys=True))
+    (hidden / "expected.json").write_text(json.dumps(task.expected, indent=1, sort_keys=True) + "\n")
     spec = {
         "task_id": task.task_id, "instruction": task.instruction, "grade_command": GRADE_COMMAND,
         "grade_timeout_s": config.grade_timeout_s, "harness_timeout_s": config.harness_timeout_s,

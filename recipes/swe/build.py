@@ -3,14 +3,15 @@
 Layout written under ``OUT``::
 
     OUT/manifest.json                   the config and each split's instance ids
-    OUT/<split>/<instance_id>/task.yaml the problem statement as instruction, ``python3 .grader/grade.py`` grades
+    OUT/<split>/<instance_id>/task.yaml the problem statement as instruction, the grade command (``GRADE_COMMAND``)
                              /workspace/ the repository at base: ``repo/`` as a git repository with one commit
-                             /hidden/.grader/grade.py, instance.json
+                             /hidden/grade.py, instance.json    the grader (run from outside the working copy)
 
 ``instance.json`` holds what grading needs and nothing that solves the task: ``FAIL_TO_PASS``, ``PASS_TO_PASS``,
 ``test_patch``, the reference fix's file list (never the fix itself), the sha256 manifest of the base files and the
-base content of the files the grader resets (test files and ``conftest.py``: all visible at base). The same suite
-always writes the same files and the same base commit id (fixed identity and dates).
+base content of the files the grader resets (test files, ``conftest.py`` and pytest configuration files: all
+visible at base). The same suite always writes the same files and the same base commit id (fixed identity and
+dates).
 
 Run: ``python -m recipes.swe.build SUITE_DIR OUT [--split train|eval|all] [--overwrite]``.
 """
@@ -32,12 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.exceptions import OrchardError
 from orchard.logging import get_logger
+from recipes.swe.grade import PYTEST_CONFIG_NAMES, STARTUP_NAMES
 from recipes.swe.instance import SweInstance, load_suite_instance, snapshot, suite_instances
 
 log = get_logger("recipes.swe")
 
-GRADER_DIR = ".grader"
 GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
+GRADE_COMMAND = '{python} -I "$ORCHARD_GRADER_DIR/grade.py"'
+"""The grade command, ``{python}`` the configured interpreter: ``-I`` keeps the working copy off its path."""
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 GIT_NAME = "orchard"
 GIT_EMAIL = "orchard@localhost"
@@ -78,7 +81,7 @@ def grader_instance(instance: SweInstance, base: Mapping[str, bytes], config: Bu
     """The grader's ``instance.json``: everything ``grade.py`` needs, nothing of the reference fix but its paths."""
     reset = set(instance.patched_files("test_patch"))
     reset |= {node_file(test_id) for test_id in instance.FAIL_TO_PASS + instance.PASS_TO_PASS}
-    reset |= {path for path in base if path.split("/")[-1] == "conftest.py"}
+    reset |= {path for path in base if path.split("/")[-1] in PYTEST_CONFIG_NAMES | STARTUP_NAMES}
     return {
         "instance_id": instance.instance_id,
         "FAIL_TO_PASS": instance.FAIL_TO_PASS,
@@ -125,7 +128,7 @@ def task_yaml(instance: SweInstance, config: BuildConfig) -> str:
     spec = {
         "task_id": instance.instance_id,
         "instruction": instance.problem_statement,
-        "grade_command": f"{config.python} {GRADER_DIR}/grade.py",
+        "grade_command": GRADE_COMMAND.format(python=config.python),
         "grade_timeout_s": config.grade_timeout_s,
         "harness_timeout_s": config.harness_timeout_s,
         "max_steps": config.max_steps,
@@ -143,6 +146,15 @@ def task_yaml(instance: SweInstance, config: BuildConfig) -> str:
     return yaml.safe_dump(spec, sort_keys=False, allow_unicode=True)
 
 
+def write_grader(directory: Path, record: Mapping[str, object]) -> None:
+    """The task's ``hidden/``: ``grade.py`` and ``record`` as ``instance.json``, at its top (the Env places
+    ``hidden/`` in ``$ORCHARD_GRADER_DIR``)."""
+    hidden = directory / "hidden"
+    hidden.mkdir(parents=True)
+    shutil.copyfile(GRADE_SCRIPT, hidden / "grade.py")
+    (hidden / "instance.json").write_text(json.dumps(record, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+
+
 def write_task(instance_dir: Path, directory: Path, config: BuildConfig) -> SweInstance:
     """Write the task directory of the suite instance at ``instance_dir`` into ``directory``; returns the instance."""
     instance = load_suite_instance(instance_dir)
@@ -153,11 +165,7 @@ def write_task(instance_dir: Path, directory: Path, config: BuildConfig) -> SweI
         (workspace / path).write_bytes(data)
     workspace.mkdir(parents=True, exist_ok=True)
     commit = git_commit_all(workspace)
-    grader = directory / "hidden" / GRADER_DIR
-    grader.mkdir(parents=True)
-    shutil.copyfile(GRADE_SCRIPT, grader / "grade.py")
-    record = {**grader_instance(instance, base, config), "base_commit": commit}
-    (grader / "instance.json").write_text(json.dumps(record, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    write_grader(directory, {**grader_instance(instance, base, config), "base_commit": commit})
     (directory / "task.yaml").write_text(task_yaml(instance, config), encoding="utf-8")
     return instance
 

@@ -136,7 +136,7 @@ fi
 "$harness_python" -m pip install --no-cache-dir {packages}
 site_dir=$("$harness_python" -c 'import site; print(site.getsitepackages()[0])')
 mkdir -p "$site_dir" && echo /opt/{HARNESS_DIR} > "$site_dir/orchard-harness.pth"
-# the grade command runs python3 .grader/grade.py, which runs pytest with that interpreter
+# the grade command runs python3 -I "$ORCHARD_GRADER_DIR/grade.py", which runs pytest with that interpreter
 python3 -c 'import pytest' 2>/dev/null || python3 -m pip install --no-cache-dir {shlex.quote(config.pytest)}
 # the working copy is an emptyDir owned by root: git must accept it as the sandbox user
 git config --system --add safe.directory '*'

@@ -6,9 +6,10 @@ a ``git clone --mirror`` of every repository, as ``DIR/<owner>__<name>`` or ``DI
 optional ``.git`` suffix). Layout written under ``OUT`` (the same as ``recipes.swe.build``)::
 
     OUT/manifest.json                   the config, each split's instance ids, the rows skipped and why
-    OUT/<split>/<instance_id>/task.yaml the issue as instruction, ``python3 .grader/grade.py`` grades, limits
+    OUT/<split>/<instance_id>/task.yaml the issue as instruction, ``python3 -I "$ORCHARD_GRADER_DIR/grade.py"``
+                                        grades, limits
                              /workspace/ the repository's files at ``base_commit``, no ``.git`` and no history
-                             /hidden/.grader/grade.py, instance.json
+                             /hidden/grade.py, instance.json
 
 The workspace is exported from the commit's tree with a throw-away index (``git read-tree`` + ``checkout-index``):
 every tracked file as ``git checkout`` writes it (``export-ignore`` attributes, which ``git archive`` obeys, do not
@@ -50,7 +51,7 @@ from pydantic import ConfigDict, Field
 
 from orchard.env.runtime import Limits
 from orchard.logging import get_logger
-from recipes.swe.build import GRADE_SCRIPT, GRADER_DIR, BuildConfig, BuildError, grader_instance, node_file, task_yaml
+from recipes.swe.build import BuildConfig, BuildError, grader_instance, node_file, task_yaml, write_grader
 from recipes.swe.grade import working_files
 from recipes.swe.instance import Split, SweInstance, load_swebench
 
@@ -207,12 +208,11 @@ def write_swebench_task(
     try:
         record = grader_instance(instance, base, config)
     except UnicodeDecodeError as exc:
-        raise BuildError(f"{instance.instance_id}: a test file the grader resets is not UTF-8: {exc}") from None
+        raise BuildError(
+            f"{instance.instance_id}: a file the grader resets (a test or pytest configuration) is not UTF-8: {exc}"
+        ) from None
     record |= {"repo": instance.repo, "base_commit": commit, "environment_setup": instance.environment_setup}
-    grader = directory / "hidden" / GRADER_DIR
-    grader.mkdir(parents=True)
-    shutil.copyfile(GRADE_SCRIPT, grader / "grade.py")
-    (grader / "instance.json").write_text(json.dumps(record, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    write_grader(directory, record)
     spec = yaml.safe_load(task_yaml(instance, config)) | {"limits": config.limits().model_dump()}
     (directory / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")
     if pool is not None:

@@ -80,7 +80,7 @@ def test_the_mcp_server_lists_and_calls_the_service_tools_over_stdio(tmp_path: P
         process.stderr.close()
     assert process.returncode == 0
     state = json.loads((workdir / STATE_FILE).read_text())
-    check = json.loads((tmp_path / "tasks" / "eval" / TASK_ID / "hidden" / ".grader" / "check.json").read_text())
+    check = json.loads((tmp_path / "tasks" / "eval" / TASK_ID / "hidden" / "check.json").read_text())
     assert sorted((t["title"], t["due"]) for t in state["tasks"][-len(check["tasks"]) :]) == sorted(
         (t["title"], t["due"]) for t in check["tasks"]
     )

@@ -1,11 +1,15 @@
 """Whole episodes through the Env: scheduler → local sandbox → a real harness (the built-in agent, mini-swe-agent,
 Codex CLI) → recording proxy → scripted backend, then the grader and the outcome — every call recorded token-exactly
-and acknowledged before the outcome is published. Harnesses that crash or cannot start end ``CRASHED``."""
+and acknowledged before the outcome is published. Harnesses that crash or cannot start end ``CRASHED``; requests the
+Env could never run are refused at submission; the host's ``PYTHON*`` variables never reach a harness."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +28,7 @@ from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
 from orchard.env.local_runtime import LocalRuntime
 from orchard.env.runtime import Sandbox
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
+from orchard.env.service import create_env_app
 from orchard.env.tasks import TaskCatalog
 from orchard.harnesses.base import HarnessAdapter, HarnessArtifacts, HarnessTask, ModelEndpoint, register_adapter
 from orchard.prefix_delta import PromptReconstructor
@@ -38,10 +43,10 @@ ADMIN = "admin-secret-0123456789"  # noqa: S105 - a test token
 TASK_YAML = """\
 task_id: write-answer
 instruction: Write the word fixed into answer.txt, then stop.
-grade_command: sh check.sh
+grade_command: sh "$ORCHARD_GRADER_DIR/check.sh"
 harness_timeout_s: 120
 """
-CHECK = 'test "$(cat answer.txt)" = fixed && echo \'{"answer_written": 1.0}\' > .orchard-signals.json\n'
+CHECK = 'test "$(cat answer.txt)" = fixed && echo \'{"answer_written": 1.0}\' > "$ORCHARD_GRADER_OUT/signals.json"\n'
 WRITE_ANSWER = "echo fixed > answer.txt"
 
 
@@ -227,14 +232,42 @@ class CommandAdapter(HarnessAdapter):
         return HarnessArtifacts(harness=self.name)
 
 
+class CallThenExitAdapter(CommandAdapter):
+    """A harness that makes one model call through the proxy, then exits with ``status`` (an agent that failed)."""
+
+    name = "test-call-then-exit"
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
+        call = (
+            "import json, os, urllib.request as u; "
+            f"body = json.dumps({{'model': {endpoint.model!r}, 'messages': [{{'role': 'user', 'content': 'hi'}}]}}); "
+            f"r = u.Request({endpoint.base_url + '/chat/completions'!r}, body.encode(), "
+            "{'Authorization': 'Bearer ' + os.environ['KEY'], 'Content-Type': 'application/json'}); "
+            "u.urlopen(r).read()"
+        )
+        return ["/bin/sh", "-c", f'"$0" -I -c "$1" && exit {self.status}', sys.executable, call]
+
+    def environment(self, endpoint: ModelEndpoint, task: HarnessTask) -> dict[str, str]:
+        return {"KEY": endpoint.api_key.get_secret_value()}
+
+
 register_adapter("test-command", CommandAdapter)
+register_adapter("test-call-then-exit", CallThenExitAdapter)
+MISSING_MODULE = f"exec {sys.executable} -m no_such_harness_module"
 CRASHES = {
     "killed-by-a-signal": ({"harness": "test-command", "options": {"harness": {"script": "kill -SEGV $$"}}},
-                           "killed by signal 11 (SIGSEGV), exit status 139"),
+                           ["killed by signal 11 (SIGSEGV), exit status 139"]),
     "not-found": ({"harness": "test-command", "options": {"harness": {"script": "exec /nonexistent/harness"}}},
-                  "could not start (not found), exit status 127"),
+                  ["could not start (not found), exit status 127"]),
     "builtin-without-its-interpreter": ({"harness": "builtin", "options": {"harness": {"python": "/no/python3"}}},
-                                        "could not start (not found), exit status 127"),
+                                        ["could not start (not found), exit status 127"]),
+    # exits non-zero before its first model call reaches the proxy: it never started, whatever its exit status
+    "missing-module": ({"harness": "test-command", "options": {"harness": {"script": MISSING_MODULE}}},
+                       ["harness test-command could not start: it exited with status 1 before its first model call",
+                        "stderr: ", "No module named no_such_harness_module"]),
 }  # fmt: skip
 
 
@@ -248,12 +281,12 @@ def test_a_crashing_harness_or_one_that_cannot_start_ends_crashed_and_is_never_g
     assert all("reward" not in e.result for e in episodes)  # the grader never ran
     outcomes = {o["episode_id"]: o for o in read(stack["bus"], OUTCOMES)}
     assert sorted(outcomes) == sorted(requests)
-    for episode_id, (_, error) in zip(requests, CRASHES.values(), strict=True):
+    for episode_id, (_, fragments) in zip(requests, CRASHES.values(), strict=True):
         outcome = outcomes[episode_id]
         assert (outcome["status"], outcome["success"], outcome["reward"], outcome["num_model_calls"]) == (
             "CRASHED", False, 0.0, 0,
         )  # fmt: skip
-        assert error in (outcome["error"] or ""), outcome["error"]
+        assert all(fragment in (outcome["error"] or "") for fragment in fragments), outcome["error"]
     assert read(stack["bus"], MODEL_CALLS) == []
     assert stack["runtime"].list() == []
 
@@ -286,3 +319,100 @@ def test_a_hundred_concurrent_episodes_all_end_with_exactly_one_outcome(stack: d
     summaries = [httpx.get(f"{stack['proxy'].url}/admin/episodes/{e}", headers=admin).json() for e in short]
     assert short == [], json.dumps(summaries)
     assert stack["runtime"].list() == []
+
+
+@pytest.mark.parametrize("stack", ["builtin"], indirect=True)
+def test_an_agent_that_called_the_model_and_then_failed_is_graded(stack: dict[str, Any]) -> None:
+    request = {"task_id": "write-answer", "harness": "test-call-then-exit", "model": MODEL,
+               "options": {"harness": {"status": 3}}}  # fmt: skip
+    [episode] = run_episodes(stack, {"ep-called-then-failed": request})
+    assert (episode.state, episode.result["harness_exit_code"], episode.result["reward"]) == (
+        EpisodeState.FAILED, 3, 0.0,
+    )  # fmt: skip
+    [outcome] = read(stack["bus"], OUTCOMES)
+    assert (outcome["status"], outcome["num_model_calls"], outcome["error"]) == ("FAILED", 1, None)
+
+
+BOGUS_MODULE = 'raise SystemExit("imported from a bogus checkout: " + __file__)\n'
+
+
+def bogus_checkout(root: Path) -> Path:
+    """A directory whose ``orchard``, ``httpx`` and ``sitecustomize`` exit at import, naming themselves."""
+    (root / "orchard" / "harnesses").mkdir(parents=True)
+    for module in ("orchard/__init__.py", "orchard/harnesses/__init__.py", "orchard/harnesses/builtin_agent.py",
+                   "httpx.py", "sitecustomize.py", "usercustomize.py"):  # fmt: skip
+        (root / module).write_text(BOGUS_MODULE)
+    return root
+
+
+@pytest.mark.parametrize("stack", ["builtin"], indirect=True)
+def test_host_python_variables_and_a_checkout_in_the_workspace_do_not_reach_the_harness(
+    stack: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Env's own environment points Python at a bogus checkout (as PYTHONPATH=<checkout> does for a dev run) ...
+    checkout = bogus_checkout(tmp_path / "bogus")
+    variables = {"PYTHONPATH": checkout, "PYTHONHOME": checkout, "PYTHONUSERBASE": checkout}
+    for name, value in {**variables, "PYTHONSTARTUP": checkout / "httpx.py"}.items():
+        monkeypatch.setenv(name, str(value))
+    # ... and a task's working copy holds a package named orchard (a task on Orchard's own repository)
+    shadowed = tmp_path / "tasks" / "shadowed"
+    bogus_checkout(shadowed / "workspace")
+    (shadowed / "hidden").mkdir()
+    (shadowed / "hidden" / "check.sh").write_text(CHECK)
+    (shadowed / "task.yaml").write_text(TASK_YAML.replace("write-answer", "shadowed"))
+    stack["tasks"] = TaskCatalog(tmp_path / "tasks")
+    requests = {f"ep-env-{task}": {"task_id": task, "harness": "builtin", "model": MODEL}
+                for task in ("write-answer", "shadowed")}  # fmt: skip
+    episodes = run_episodes(stack, requests, concurrency=2)
+    assert [(e.state, e.result.get("reward")) for e in episodes] == [(EpisodeState.SUCCEEDED, 1.0)] * 2, [
+        (e.error, e.events[-2:]) for e in episodes
+    ]
+
+
+def post(connection: http.client.HTTPConnection, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """One request on a kept-alive connection: status and JSON body."""
+    headers = {"Authorization": f"Bearer {ENV_TOKEN}", "Content-Type": "application/json"}
+    method = "GET" if body is None else "POST"
+    connection.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+ENV_TOKEN = "env-token-0123456789"  # noqa: S105 - a test token
+
+
+@pytest.mark.parametrize("stack", ["builtin"], indirect=True)
+def test_the_env_refuses_an_unknown_task_or_harness_at_submission(stack: dict[str, Any]) -> None:
+    admin = ProxyAdmin(stack["proxy"].url, ADMIN)
+    runner = LocalEpisodeRunner(
+        runtime=stack["runtime"], tasks=stack["tasks"], proxy=admin, proxy_url=stack["proxy"].url,
+        producer=stack["bus"].producer(), run_id="run-e2e",
+    )  # fmt: skip
+    refused = {
+        "ep-no-task": ({"task_id": "no-such-task"}, "unknown task 'no-such-task'; known: ['write-answer']"),
+        "ep-no-harness": ({"harness": "no-such-harness"}, "no harness adapter 'no-such-harness'; known: "),
+        "ep-bad-options": ({"options": {"harness": {"no_such_option": 1}}}, "unexpected keyword argument"),
+        "ep-options-not-an-object": ({"options": {"harness": [1]}}, "options.harness must be an object"),
+    }
+    valid = {"task_id": "write-answer", "harness": "builtin", "model": MODEL}
+    with BackgroundServer(create_env_app(Scheduler(runner, concurrency=2, timeout_s=120), ENV_TOKEN)) as env:
+        connection = http.client.HTTPConnection(env.url.removeprefix("http://"), timeout=60)
+        answers = {}
+        for episode_id, (change, _) in refused.items():
+            status, body = post(connection, "/episodes", {**valid, "episode_id": episode_id, **change})
+            answers[episode_id] = (status, body["detail"])
+        sock = connection.sock
+        assert post(connection, "/episodes", {**valid, "episode_id": "ep-valid"})[0] == 201
+        assert connection.sock is sock  # the refusals left the connection open
+        deadline = time.monotonic() + 120
+        while (state := post(connection, "/episodes/ep-valid")[1]["state"]) in ("QUEUED", "RUNNING"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert [e["episode_id"] for e in post(connection, "/episodes")[1]] == ["ep-valid"]
+        assert all(post(connection, f"/episodes/{episode_id}")[0] == 404 for episode_id in refused)
+        connection.close()
+    assert {key: (status, refused[key][1] in detail) for key, (status, detail) in answers.items()} == {
+        key: (422, True) for key in refused
+    }, answers
+    assert state == "SUCCEEDED"
+    assert [o["episode_id"] for o in read(stack["bus"], OUTCOMES)] == ["ep-valid"]

@@ -4,12 +4,15 @@ the sync and async SDK clients, and WebSockets for the PTY."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,7 +30,7 @@ from orchard.env.exceptions import (
     SandboxNotFoundError,
 )
 from orchard.env.local_runtime import LocalRuntime
-from orchard.env.runtime import FileEntry, SandboxSpec
+from orchard.env.runtime import FileEntry, Sandbox, SandboxSpec
 
 TOKEN = "test-token-0123456789"  # noqa: S105 - a test credential
 
@@ -262,3 +265,178 @@ async def test_a_hundred_sandboxes_created_and_execd_concurrently(server: str) -
         results = await asyncio.gather(*(one(i) for i in range(100)))
         assert results == [(0, f"{i}\n") for i in range(100)]
         assert [i.spec.sandbox_id for i in await sdk.list() if i.spec.sandbox_id.startswith("many-")] == []
+
+
+# ---------------------------------------------------------------------------------------------------- bad input
+LONG = "a" * 256
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Bad:
+    """A request the API must refuse: its method, path (under the sandbox, unless it starts with ``/``), JSON or raw
+    body, and the status, error code and part of the message it must answer with."""
+
+    method: str
+    path: str
+    status: int
+    reason: str
+    body: object = None
+    raw: bytes | None = None
+    code: str = "invalid_request"
+
+
+BAD_INPUT = {
+    # issue 15: a path component over 255 bytes, a NUL in an argument or an environment name, '=' in a name
+    "long-name-write": Bad("PUT", f"files/{LONG}", 400, "256 bytes long; the limit is 255", raw=b""),
+    "long-name-read": Bad("GET", f"files/dir/{LONG}", 400, "the limit is 255"),
+    "long-name-delete": Bad("DELETE", f"files/{LONG}", 400, "the limit is 255"),
+    "long-name-list": Bad("GET", f"files?path={LONG}", 400, "the limit is 255"),
+    "long-name-cwd": Bad("POST", "exec", 400, "the limit is 255", {"command": "pwd", "cwd": LONG}),
+    "nul-in-argument": Bad("POST", "exec", 422, "argument 1 contains a NUL byte",
+                           {"command": ["echo", "a\0b"]}),
+    "nul-in-shell-command": Bad("POST", "exec", 422, "the command contains a NUL byte",
+                                {"command": "echo a\0b"}),
+    "nul-in-env-name": Bad("POST", "exec", 422, "'A\\x00B' contains a NUL byte",
+                           {"command": "true", "env": {"A\0B": "1"}}),
+    "nul-in-env-value": Bad("POST", "exec", 422, "variable 'A' contains a NUL byte",
+                            {"command": "true", "env": {"A": "1\0"}}),
+    "equals-in-env-name": Bad("POST", "exec", 422, "'A=B' contains '='",
+                              {"command": "true", "env": {"A=B": "1"}}),
+    "empty-env-name": Bad("POST", "exec", 422, "name is empty", {"command": "true", "env": {"": "1"}}),
+    "nul-in-stream-argument": Bad("POST", "exec?stream=true", 422, "contains a NUL byte",
+                                  {"command": ["echo", "\0"]}),
+    # beyond the issue
+    "huge-path": Bad("PUT", "files/" + "/".join(["d" * 200] * 25), 400, "the limit is 4095", raw=b""),
+    "dot-dot": Bad("GET", "files/%2E%2E/%2E%2E/etc/passwd", 400, "leaves the", code="path_escape"),
+    "absolute": Bad("GET", "files?path=/etc", 400, "absolute path", code="path_escape"),
+    "nul-in-path": Bad("GET", "files/a%00b", 400, "NUL byte"),
+    "nul-in-cwd": Bad("POST", "exec", 422, "cwd contains a NUL byte", {"command": "pwd", "cwd": "\0"}),
+    "non-utf8-path": Bad("PUT", "files/%FF%FE", 400, "not UTF-8", raw=b"x"),
+    "non-utf8-query": Bad("GET", "files?path=%C3", 400, "not UTF-8"),
+    "lone-surrogate-stdin": Bad("POST", "exec", 422, "stdin is not valid UTF-8",
+                                raw=b'{"command": ["cat"], "stdin": "\\ud800"}'),
+    "lone-surrogate-argument": Bad("POST", "exec", 422, "not valid UTF-8",
+                                   raw=b'{"command": ["echo", "\\ud800"]}'),
+    "non-utf8-body": Bad("POST", "exec", 422, "JSON decode error", raw=b"\xff\xfe"),
+    "negative-timeout": Bad("POST", "exec", 422, "greater than 0", {"command": "true", "timeout_s": -1}),
+    "huge-timeout": Bad("POST", "exec", 422, "less than or equal", {"command": "true", "timeout_s": 1e300}),
+    "nan-timeout": Bad("POST", "exec", 422, "timeout_s", raw=b'{"command": "true", "timeout_s": NaN}'),
+    "wrong-type": Bad("POST", "exec", 422, "body.command", {"command": 5}),
+    "wrong-env-type": Bad("POST", "exec", 422, "valid dictionary", {"command": "true", "env": ["A"]}),
+    "unknown-field": Bad("POST", "exec", 422, "body.shell: Extra inputs", {"command": "true", "shell": 1}),
+    "over-long-env-value": Bad("POST", "exec", 422, "at most 131071 fit in one argument",
+                               {"command": "true", "env": {"A": "x" * 200_000}}),
+    "over-long-argument": Bad("POST", "exec", 422, "at most 131071", {"command": ["echo", "x" * 200_000]}),
+    "too-many-arguments": Bad("POST", "exec", 422, "at most 1048576 fit",
+                              {"command": ["echo", *(["x" * 1000] * 2000)]}),
+    "empty-argv": Bad("POST", "exec", 400, "empty command", {"command": []}),
+    "negative-mode": Bad("PUT", "files/m.txt?mode=-1", 400, "not a file mode", raw=b"x"),
+    "huge-mode": Bad("PUT", "files/m.txt?mode=77777777777777777777", 400, "not a file mode", raw=b"x"),
+    "patch-wrong-type": Bad("POST", "patch", 422, "valid string", {"patch": 1}),
+    "spec-nul-in-env": Bad("POST", "/sandboxes", 400, "contains a NUL byte",
+                           {**spec("bad-env").model_dump(mode="json"), "env": {"A\0": "1"}}),
+    "spec-equals-in-env": Bad("POST", "/sandboxes", 400, "contains '='",
+                              {**spec("bad-env").model_dump(mode="json"), "env": {"A=": "1"}}),
+    "spec-long-source": Bad("POST", "/sandboxes", 400, "over 255 bytes",
+                            {**spec("bad-src").model_dump(mode="json"), "source_dir": f"/{LONG}"}),
+    "spec-port-out-of-range": Bad("POST", "/sandboxes", 400, "Port out of range",
+                                  {**spec("bad-port").model_dump(mode="json"), "proxy_url": "http://127.0.0.1:99999"}),
+    "non-utf8-sandbox-id": Bad("GET", "/sandboxes/%FF", 400, "not UTF-8"),
+}  # fmt: skip
+
+
+class KeepAlive:
+    """One HTTP/1.1 connection kept open across requests (``http.client``); its socket changes if the server hung up."""
+
+    def __init__(self, url: str) -> None:
+        self.connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
+        self.headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any, http.client.HTTPResponse]:
+        """Status, JSON body and response of one request on the connection."""
+        headers = {**self.headers, **JSON} if body is not None else self.headers
+        self.connection.request(method, path, body=body, headers=headers)
+        response = self.connection.getresponse()
+        data = response.read()
+        return response.status, json.loads(data) if data else None, response
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.connection.close()
+
+
+@pytest.fixture
+def keep_alive(server: str) -> Iterator[KeepAlive]:
+    """A kept-alive connection to the API."""
+    connection = KeepAlive(server)
+    yield connection
+    connection.close()
+
+
+def test_bad_input_is_a_4xx_with_the_reason_and_the_connection_stays_open(
+    client: SandboxClient, keep_alive: KeepAlive
+) -> None:
+    sandbox = client.create(spec("bad-input"))
+    try:
+        keep_alive.request("GET", "/healthz")
+        sock = keep_alive.connection.sock
+        answers = {}
+        for name, bad in BAD_INPUT.items():
+            path = bad.path if bad.path.startswith("/") else f"{sandbox.url}/{bad.path}"
+            body = bad.raw if bad.raw is not None else None if bad.body is None else json.dumps(bad.body).encode()
+            status, reply, response = keep_alive.request(bad.method, path, body)
+            answers[name] = (status, reply["error"], bad.reason in reply["message"], response.will_close)
+            assert keep_alive.connection.sock is sock, f"{name}: the server closed the connection"
+        expected = {name: (bad.status, bad.code, True, False) for name, bad in BAD_INPUT.items()}
+        assert answers == expected
+        assert [info.spec.sandbox_id for info in client.list()] == ["bad-input"]  # no bad spec made a sandbox
+        assert sandbox.exec(["echo", "still", "fine"]).stdout == "still fine\n"
+    finally:
+        sandbox.close()
+
+
+def test_the_sdk_refuses_what_the_server_would_refuse(remote: RemoteSandbox) -> None:
+    for command, env in ((["echo", "a\0"], None), ("true", {"A=B": "1"})):
+        with pytest.raises(InvalidSandboxRequestError):
+            remote.exec(command, env=env)
+    with pytest.raises(InvalidSandboxRequestError, match="the limit is 255"):
+        remote.read_file(LONG)
+
+
+class FaultyRuntime(LocalRuntime):
+    """A local runtime whose ``list`` breaks while ``broken`` (a server fault, not the client's)."""
+
+    broken = True
+
+    def list(self) -> list[Sandbox]:
+        if self.broken:
+            raise RuntimeError("the runtime's bookkeeping is broken")
+        return super().list()
+
+
+def test_a_server_fault_is_a_logged_500_and_the_connection_stays_open(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    runtime = FaultyRuntime(tmp_path / "faulty")
+    try:
+        with ServerThread(create_sandbox_app(runtime, TOKEN, reap_interval_s=None)) as running:
+            connection = KeepAlive(running.url)
+            try:
+                status, body, response = connection.request("GET", "/sandboxes")
+                sock = connection.connection.sock
+                assert (status, body, response.will_close) == (
+                    500, {"error": "internal", "message": "RuntimeError: the runtime's bookkeeping is broken"}, False,
+                )  # fmt: skip
+                assert connection.request("GET", "/sandboxes/nope")[:2] == (
+                    404, {"error": "sandbox_not_found", "message": "no sandbox 'nope'"},
+                )  # fmt: skip
+                assert connection.connection.sock is sock
+            finally:
+                connection.close()
+    finally:
+        runtime.broken = False
+        runtime.close()
+    logged = capfd.readouterr()
+    assert "sandbox_api_error" in logged.out + logged.err
+    assert "Traceback" in logged.out + logged.err and "bookkeeping is broken" in logged.out + logged.err

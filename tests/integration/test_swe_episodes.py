@@ -153,7 +153,7 @@ def test_an_agent_searching_the_filesystem_and_git_history_finds_neither_the_hid
     hidden_test = str(stack["instance"].FAIL_TO_PASS[0]).rsplit("::", 1)[1]
     fixed_line = next(line.strip() for line in (suite_dir / "fix" / "retry" / "policy.py").read_text().splitlines()
                       if "factor" in line and "delay =" in line)  # fmt: skip
-    assert hidden_test in (task_dir / "hidden" / ".grader" / "instance.json").read_text()
+    assert hidden_test in (task_dir / "hidden" / "instance.json").read_text()
     # grep patterns that match the secrets without spelling them: only what a command finds can contain them
     patterns = f"-e '{hidden_test[:-1]}[{hidden_test[-1]}]' -e '{fixed_line[:-1]}[{fixed_line[-1]}]'"
     patterns = patterns.replace("*", "[*]")
@@ -161,7 +161,7 @@ def test_an_agent_searching_the_filesystem_and_git_history_finds_neither_the_hid
         # other runs' directories on this machine are not this Env's to hide (README: pass --hide for them)
         f"grep -rIho {patterns} {root} {repo} /tmp /home . --exclude-dir=.venv --exclude-dir=runs "
         "--exclude-dir=.orchard 2>/dev/null | head; echo searched",
-        f"ls -la {task_dir} {suite_dir} 2>&1; cat {task_dir}/hidden/.grader/instance.json 2>&1",
+        f"ls -la {task_dir} {suite_dir} 2>&1; cat {task_dir}/hidden/instance.json 2>&1",
         f"cat {suite_dir}/fix/retry/policy.py {suite_dir}/hidden_tests/tests/*.py 2>&1",
         f"git log --all -p | grep -o {patterns}; git fsck --lost-found 2>&1 | head; git rev-list --count --all; "
         "echo own-history-done",

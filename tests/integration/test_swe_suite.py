@@ -4,32 +4,29 @@ PASS_TO_PASS test, and the reference fix resolves it, as the shipped grader deci
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from orchard.env.tasks import SIGNALS_FILE, load_task
+from orchard.env.tasks import load_task
 from recipes.swe.build import SUITE_DIR, BuildConfig, write_task
 from recipes.swe.instance import load_suite, snapshot, suite_instances
+from tests.unit.recipes.grader_run import run_grader
 
 INSTANCES = suite_instances(SUITE_DIR)
 
 
 def graded(task: Path, work: Path, overlay: Path | None) -> tuple[int, dict[str, float], str]:
     """The end of an episode: the workspace copied without .git (as the runtime does), ``overlay``'s files written
-    over it, ``hidden/`` copied in, the grade command run; returns its exit status, signals and stderr."""
+    over it, the grade command run with the grader outside the working copy (as the Env runs it); returns its exit
+    status, signals and stderr."""
     shutil.copytree(task / "workspace", work, ignore=shutil.ignore_patterns(".git"))
     if overlay is not None:
         shutil.copytree(overlay, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(task / "hidden", work, dirs_exist_ok=True)
-    done = subprocess.run(  # noqa: S603
-        [sys.executable, ".grader/grade.py"], cwd=work, capture_output=True, text=True, timeout=300
-    )
-    return done.returncode, json.loads((work / SIGNALS_FILE).read_text()), done.stderr[-3000:]
+    run = run_grader(task, work, work.with_name(f"{work.name}-grader"))
+    assert run.signals is not None, run.stderr
+    return run.exit_code, run.signals, run.stderr[-3000:]
 
 
 def test_suite_instance_ids_are_unique_and_every_instance_loads() -> None:

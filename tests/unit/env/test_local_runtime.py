@@ -6,8 +6,10 @@ on the test machines); tests of guarantees only that mode gives say so and are s
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import http.server
+import json
 import os
 import shlex
 import shutil
@@ -32,7 +34,7 @@ from orchard.env.exceptions import (
     SandboxFileNotFoundError,
     SandboxNotFoundError,
 )
-from orchard.env.isolation import detect_isolation, reachable_unchanged, traversal_masks
+from orchard.env.isolation import detect_isolation
 from orchard.env.local_runtime import LocalRuntime, LocalSandbox
 from orchard.env.runtime import FileEntry, Limits, SandboxSpec
 from orchard.env.uids import kill_processes_of
@@ -112,7 +114,7 @@ def test_exec_reports_exit_status_output_and_takes_stdin_env_cwd(sandbox: LocalS
     assert (ok.exit_code, ok.stdout, ok.stderr, ok.timed_out) == (3, "out\n", "err\n", False)
     assert sandbox.exec(["cat"], stdin=b"fed\n").stdout == "fed\n"
     assert sandbox.exec("echo $GREETING", env={"GREETING": "hello"}).stdout == "hello\n"
-    assert sandbox.exec(["pwd"], cwd="pkg").stdout == f"{sandbox.workdir}/pkg\n"
+    assert sandbox.exec(["pwd"], cwd="pkg").stdout == f"{sandbox.info().workdir}/pkg\n"
     killed = sandbox.exec("kill -9 $$")
     assert killed.exit_code == 137  # 128 + SIGKILL, as a shell reports it
     assert sandbox.exec(["/no/such/program"]).exit_code == 127
@@ -169,9 +171,72 @@ def test_output_beyond_the_cap_is_cut_and_says_so(tmp_path: Path) -> None:
 def test_memory_limit_makes_a_memory_hog_fail(runtime: LocalRuntime) -> None:
     box = runtime.create(spec("memory", limits=Limits(memory_mb=200)))
     result = box.exec([PYTHON, "-c", "b = bytearray(400 * 1024 * 1024)"])
-    assert result.exit_code == 1
-    assert "MemoryError" in result.stderr
+    if runtime.cgroups.version is not None:  # the sandbox's cgroup: the kernel's OOM killer ends the hog
+        assert result.exit_code == 128 + 9
+    else:  # the address-space rlimit: the allocation fails
+        assert (result.exit_code, "MemoryError" in result.stderr) == (1, True)
     assert box.exec([PYTHON, "-c", "b = bytearray(20 * 1024 * 1024)"]).exit_code == 0
+
+
+@needs_root_mode
+@needs_python
+def test_memory_limit_is_for_the_whole_sandbox_not_each_process(runtime: LocalRuntime) -> None:
+    box = runtime.create(spec("memory-all", limits=Limits(memory_mb=300)))
+    hog = f"{PYTHON} -c 'import time; b = b\"x\" * (120 * 1024 * 1024); time.sleep(3)'"  # touched, not lazy
+    result = box.exec(f"{hog} & {hog} & {hog} & wait; echo done", timeout_s=30)
+    assert result.stdout == "done\n"
+    assert "Killed" in result.stderr or result.exit_code == 0  # at least one of three 120 MiB hogs was killed
+    peak = box.exec(f"{hog} & {hog} & wait; echo pair")  # two fit in 300 MiB
+    assert peak.stdout == "pair\n" and "Killed" not in peak.stderr
+
+
+@needs_root_mode
+def test_process_limit_is_for_the_whole_sandbox(runtime: LocalRuntime) -> None:
+    box = runtime.create(spec("pids", limits=Limits(processes=12)))
+    result = box.exec("for i in $(seq 40); do sleep 5 & done; wait", timeout_s=30)
+    assert "Cannot fork" in result.stderr or "Resource temporarily unavailable" in result.stderr
+    assert box.exec("echo fine").stdout == "fine\n"
+
+
+def test_cpu_seconds_limit_counts_every_process_of_the_sandbox(runtime: LocalRuntime) -> None:
+    if runtime.cgroups.version is None:
+        pytest.skip("needs cgroups")
+    box = runtime.create(spec("cpu-all", limits=Limits(cpu_seconds=2, cpus=2.0)))
+    spin = "sh -c 'while :; do :; done'"
+    started = time.monotonic()
+    result = box.exec(f"{spin} & {spin} & {spin} & wait", timeout_s=60)  # each alone stays under 2 s a while
+    assert "cpu_seconds limit reached" in result.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_disk_limit_is_enforced_while_commands_run(runtime: LocalRuntime) -> None:
+    box = runtime.create(spec("disk", limits=Limits(disk_mb=32, file_size_mb=8)))
+    fill = "i=0; while :; do i=$((i+1)); head -c 4000000 /dev/zero > {dir}/f$i || exit 9; done"
+    for directory in (".", "/tmp", "$HOME"):  # the working copy, the temporary files and home share the limit
+        result = box.exec(fill.format(dir=directory), timeout_s=60)
+        if runtime.scratch:  # a tmpfs of disk_mb: the kernel refuses the write
+            assert (result.exit_code, "No space left on device" in result.stderr) == (9, True)
+        else:
+            assert "disk_mb limit reached" in result.stderr
+        box.exec(f"rm -f {directory}/f*")
+    used = sum(p.stat().st_size for p in box.workdir.iterdir())
+    assert used == 0
+
+
+def test_a_million_empty_files_stop_the_sandbox(runtime: LocalRuntime) -> None:
+    from orchard.env import mounts, watchdog
+
+    original = watchdog.MAX_ENTRIES, mounts.MAX_INODES
+    watchdog.MAX_ENTRIES = mounts.MAX_INODES = 2000
+    try:
+        box = runtime.create(spec("inodes"))
+        result = box.exec("mkdir d; cd d; i=0; while :; do i=$((i+1)); : > f$i || exit 9; done", timeout_s=60)
+    finally:
+        watchdog.MAX_ENTRIES, mounts.MAX_INODES = original
+    if runtime.scratch:
+        assert (result.exit_code != 0, "No space left on device" in result.stderr) == (True, True)
+    else:
+        assert "more than 2000 files" in result.stderr
 
 
 def test_file_size_limit_stops_a_write_at_the_limit(runtime: LocalRuntime) -> None:
@@ -239,12 +304,12 @@ def test_a_sandbox_spec_asking_for_a_git_snapshot_gets_one_from_a_runtime_withou
 def test_one_sandbox_cannot_see_another(runtime: LocalRuntime) -> None:
     first, second = runtime.create(spec("first")), runtime.create(spec("second"))
     first.write_file("secret.txt", b"first's secret")
-    peek = second.exec(f"cat {first.workdir}/secret.txt; ls {runtime.root}; cd ../..; pwd; ls")
+    peek = second.exec(f"cat {first.workdir}/secret.txt; ls {runtime.root}; cd ../..; pwd")
     assert "first's secret" not in peek.stdout
-    if ISOLATION.namespaces:  # the runtime root is a tmpfs holding only the sandbox's own directory
-        assert peek.stdout == f"{runtime.root}\n"
+    if ISOLATION.namespaces:  # no host path of the runtime exists inside: the working copy is /sandbox/work
+        assert peek.stdout == "/\n"
         assert f"cat: {first.workdir}/secret.txt: No such file or directory" in peek.stderr
-        assert "ls: cannot open directory '.': Permission denied" in peek.stderr
+        assert f"ls: cannot access '{runtime.root}': No such file or directory" in peek.stderr
     else:  # own uids and mode 0700 directories
         assert "Permission denied" in peek.stderr
     with pytest.raises(PathEscapeError):
@@ -285,7 +350,11 @@ def test_file_api_confines_paths_and_follows_links_that_stay_inside(sandbox: Loc
 def test_a_hard_link_to_a_host_file_is_not_readable_through_the_file_api(sandbox: LocalSandbox) -> None:
     outside = sandbox.directory.parent.parent / "host-secret"
     outside.write_text("host secret")
-    os.link(outside, sandbox.workdir / "planted")  # as if the sandbox could link it (the kernel forbids that)
+    try:
+        os.link(outside, sandbox.workdir / "planted")  # as if the sandbox could link it (the kernel forbids that)
+    except OSError as exc:  # the working copy is a tmpfs of its own: no link from the host can exist
+        assert exc.errno == errno.EXDEV
+        return
     with pytest.raises(PathEscapeError):
         sandbox.read_file("planted")
     sandbox.write_file("planted", b"replaced")  # replaces the link, never writes through it
@@ -310,27 +379,32 @@ def world_readable_data() -> Iterator[Path]:
 
 
 @needs_root_mode
-def test_hidden_paths_look_empty_even_with_the_runtime_root_inside_one(world_readable_data: Path) -> None:
+def test_nothing_of_the_host_exists_inside_but_the_allow_list(world_readable_data: Path) -> None:
     data = world_readable_data
-    peek = f"ls -A {data}; cat {data}/bus/model-calls.log"
-    plain = LocalRuntime(data / "plain")
+    rt = LocalRuntime(data / "sandboxes")
     try:
-        readable = plain.create(spec("control")).exec(peek).stdout
-    finally:
-        plain.close()
-    rt = LocalRuntime(data / "sandboxes", hidden_paths=[data])
-    try:
-        box = rt.create(spec("hidden"))
-        hidden = box.exec(f"{peek}; pwd; ls")
+        box = rt.create(spec("allow-list"))
+        peek = box.exec(f"ls -A {data}; cat {data}/bus/model-calls.log; pwd")
+        top = box.exec("ls -A /").stdout.split()
+        etc = box.exec("ls -A /etc").stdout.split()
+        missing = box.exec("ls -A /home /srv /root/.ssh /var/lib 2>&1").stdout
     finally:
         rt.close()
-    private = (Path("/tmp"), Path("/var/tmp"), Path("/run"), Path("/dev/shm"))  # every sandbox has its own of these
-    visible_to_sandboxes = not any(data.is_relative_to(p) for p in private)
-    readable_by_all = os.access(data, os.R_OK | os.X_OK) and all(os.stat(p).st_mode & 0o001 for p in data.parents)
-    if visible_to_sandboxes and readable_by_all:
-        assert "other episodes' model calls" in readable  # what hidden_paths is for
-    assert hidden.stdout == f"sandboxes\n{box.workdir}\n"
-    assert "model-calls.log: No such file or directory" in hidden.stderr
+    assert "other episodes' model calls" not in peek.stdout
+    assert f"ls: cannot access '{data}': No such file or directory" in peek.stderr
+    assert peek.stdout == "/sandbox/work\n"
+    assert set(top) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sandbox", "sbin",
+                        "tmp", "usr", "var", "root", "work", "opt"}  # fmt: skip
+    assert "shadow" not in etc and "ssh" not in etc and "passwd" in etc  # only what programs need
+    assert missing.count("No such file or directory") == 4, missing
+
+
+def test_a_shared_path_that_would_show_a_hidden_one_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "data" / "bus").mkdir(parents=True)
+    with pytest.raises(ValueError, match="would show"):
+        LocalRuntime(tmp_path / "rt", hidden_paths=[tmp_path / "data" / "bus"], shared_paths=[tmp_path / "data"])
+    with pytest.raises(ValueError, match="would show"):
+        LocalRuntime(tmp_path / "shared" / "rt", shared_paths=[tmp_path / "shared"])
 
 
 def test_host_environment_and_secrets_are_not_visible(runtime: LocalRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -340,13 +414,13 @@ def test_host_environment_and_secrets_are_not_visible(runtime: LocalRuntime, mon
     env = dict(line.split("=", 1) for line in box.exec(["env"]).stdout.splitlines())
     expected = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "TMPDIR", "PWD", "GIT_CEILING_DIRECTORIES"}
     assert set(env) == expected | {"TASK_VAR"}
-    assert env["HOME"] == str(box.directory / "home")
+    assert env["HOME"] == box.inside_home
     everything = box.exec("cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'").stdout
     assert "s3cr3t" not in everything
     if ISOLATION.drop_uid:  # /root is unreadable, or (masked) shows only the shared interpreter's directory in it
         listing = box.exec("ls -A /root")
         shared_there = {
-            p.relative_to("/root").parts[0] for p in runtime.provisioner.shared_paths if p.is_relative_to("/root")
+            p.relative_to("/root").parts[0] for p in runtime.shared if p.is_relative_to("/root")
         }
         assert listing.exit_code != 0 or set(listing.stdout.split()) <= shared_there
 
@@ -355,15 +429,17 @@ def test_host_environment_and_secrets_are_not_visible(runtime: LocalRuntime, mon
 def test_commands_run_unprivileged_in_their_own_namespaces(sandbox: LocalSandbox) -> None:
     status = sandbox.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status").stdout.split()
     assert status == ["CapEff:", "0000000000000000", "CapBnd:", "0000000000000000", "NoNewPrivs:", "1"]
-    assert sandbox.exec("ps -e -o pid= | wc -l").stdout.strip() in ("3", "4")  # init, sh, ps (+ wc)
+    assert sandbox.exec("ps -e -o pid= | wc -l").stdout.strip() in ("4", "5")  # init, wrapper, sh, ps (+ wc)
     with tempfile.NamedTemporaryFile(dir="/tmp", prefix="host-only-") as host_file:  # noqa: S108 - the host's /tmp
         seen = sandbox.exec(f"ls {host_file.name}; echo private > /tmp/mine").stderr
         assert "No such file or directory" in seen
     assert sandbox.exec("cat /tmp/mine").stdout == "private\n"  # /tmp lives as long as the sandbox
     assert not Path("/tmp/mine").exists()  # noqa: S108
     assert sandbox.exec(["mount", "-t", "tmpfs", "x", "/mnt"]).exit_code != 0
-    assert sandbox.exec("ls -A /var/tmp /dev/shm").stdout == "/dev/shm:\n\n/var/tmp:\n"
-    assert sandbox.exec("ls -A /run").stdout in ("", "mount\n")  # at most libmount's state of unshare --mount-proc
+    assert sandbox.exec("ls -A /dev/shm /var/tmp").stdout == "/dev/shm:\n\n/var/tmp:\nmine\n"  # /var/tmp is /tmp
+    assert sandbox.exec("ls -A /run").stdout == ""
+    seccomp = sandbox.exec("grep Seccomp: /proc/self/status").stdout.split()
+    assert seccomp == ["Seccomp:", "2"]  # a filter is installed
 
 
 # -- network --------------------------------------------------------------------------------------------------------
@@ -468,7 +544,7 @@ def test_allowed_sources_and_disk_limit(tmp_path: Path, source: Path) -> None:
     try:
         with pytest.raises(InvalidSandboxRequestError, match="larger than the disk limit"):
             rt.create(spec("big", source_dir=big, limits=Limits(disk_mb=16)))
-        assert list((tmp_path / "sandboxes2").iterdir()) == []
+        assert [p for p in (tmp_path / "sandboxes2").iterdir() if not p.name.startswith(".etc-")] == []
     finally:
         rt.close()
 
@@ -702,19 +778,6 @@ def private_tree() -> Iterator[Path]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_traversal_masks_are_the_topmost_untraversable_ancestors(private_tree: Path) -> None:
-    nested = private_tree / "tools" / "locked"
-    nested.mkdir(mode=0o700)
-    (nested / "inner").mkdir()
-    [mask] = traversal_masks([private_tree / "tools" / "bin", nested / "inner"])  # one mask covers both
-    assert private_tree.is_relative_to(mask) and not mask.stat().st_mode & 0o001  # (a checkout may be 0700 itself)
-    assert traversal_masks([Path("/usr/bin")]) == []
-    assert reachable_unchanged(Path("/usr/bin"), root=private_tree, hidden=[])
-    assert not reachable_unchanged(private_tree / "tools", root=Path("/nonexistent"), hidden=[])
-    assert not reachable_unchanged(Path("/tmp/anything"), root=Path("/nonexistent"), hidden=[])  # noqa: S108
-    assert not reachable_unchanged(Path("/usr/bin"), root=Path("/nonexistent"), hidden=[Path("/usr")])
-
-
 @needs_root_mode
 def test_a_shared_path_under_an_untraversable_directory_is_reachable_and_nothing_else_there(
     tmp_path: Path, private_tree: Path
@@ -753,3 +816,59 @@ def test_this_interpreter_runs_orchard_inside_a_sandbox_without_exposing_its_hom
             assert seen.stdout == "", seen.stdout
     finally:
         rt.close()
+
+
+# -- grading --------------------------------------------------------------------------------------------------------
+
+GRADER = b"""\
+import json, os, sys
+out = os.environ["ORCHARD_GRADER_OUT"]
+seen = {"answer": open("answer.txt").read() if os.path.exists("answer.txt") else None,
+        "tmp": sorted(os.listdir("/tmp")) if os.path.isdir("/tmp") else None,
+        "home": sorted(os.listdir(os.environ["HOME"])),
+        "path": sys.path, "env": sorted(os.environ)}
+open(os.path.join(out, "signals.json"), "w").write(json.dumps({"graded": 1.0}))
+open(os.path.join(out, "seen.json"), "w").write(json.dumps(seen))
+try:
+    open(os.path.join(os.environ["ORCHARD_GRADER_DIR"], "grade.py"), "a")
+    print("grader writable")
+except OSError:
+    pass
+"""
+
+
+def test_the_grader_runs_out_of_the_agents_reach(sandbox: LocalSandbox) -> None:
+    sandbox.exec("echo 42 > answer.txt; echo agent > /tmp/agent-file; echo agent > $HOME/agent-file")
+    sandbox.exec("mkdir -p .grader; echo 'raise SystemExit(0)' > json.py; cp json.py .grader/json.py")
+    sandbox.write_file(".orchard-signals.json", b'{"forged": 1.0}')
+    command = 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
+    run = sandbox.run_grader({"grade.py": GRADER}, command, timeout_s=60)
+    assert run.result.exit_code == 0, run.result.stderr
+    assert "grader writable" not in run.result.stdout
+    assert json.loads(run.outputs["signals.json"]) == {"graded": 1.0}
+    seen = json.loads(run.outputs["seen.json"])
+    assert seen["answer"] == "42\n"  # the working copy is the grader's input
+    if sandbox.info().workdir == "/sandbox/work":  # namespaced: a fresh /tmp and $HOME, nothing of the agent's
+        assert (seen["tmp"], seen["home"]) == ([], [])
+    assert not any(entry in ("", ".", sandbox.info().workdir) for entry in seen["path"])  # -I: no cwd on sys.path
+    assert "ORCHARD_GRADER_DIR" in seen["env"] and not any(name.startswith("PYTHON") for name in seen["env"])
+    assert not (sandbox.workdir / ".orchard-signals.json").exists()  # a pre-written verdict is gone
+
+
+@needs_root_mode
+def test_no_agent_process_survives_into_grading(sandbox: LocalSandbox) -> None:
+    planted = threading.Thread(  # an agent command still running when grading starts, rewriting the answer
+        target=sandbox.exec, args=("while :; do echo forged > answer.txt; sleep 0.01; done",), kwargs={"timeout_s": 60}
+    )
+    planted.start()
+    time.sleep(0.5)
+    run = sandbox.run_grader({}, "sleep 0.3; echo honest > answer.txt; sleep 0.3; cat answer.txt", timeout_s=30)
+    planted.join(10)
+    assert not planted.is_alive()
+    assert run.result.stdout == "honest\n"
+    assert kill_processes_of(sandbox.resources.owner[0]) == []  # type: ignore[index]
+
+
+def test_grader_files_cannot_leave_their_directory(sandbox: LocalSandbox) -> None:
+    with pytest.raises(InvalidSandboxRequestError):
+        sandbox.run_grader({"../escape.py": b"x"}, "true", timeout_s=10)

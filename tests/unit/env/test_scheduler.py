@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from orchard.env.exceptions import InvalidEpisodeError
 from orchard.env.scheduler import Episode, EpisodeState, EventSink, InfrastructureError, Scheduler
 from orchard.exceptions import OrchardError
 
@@ -21,6 +22,10 @@ class ScriptedRunner:
         self.runs: list[str] = []
         self.reports: list[tuple[str, EpisodeState]] = []
         self.failures_left: dict[str, int] = {}
+
+    def check(self, request: dict[str, Any]) -> None:
+        if request.get("task_id") == "unknown":
+            raise InvalidEpisodeError("unknown task 'unknown'")
 
     async def run(self, episode: Episode, emit: EventSink) -> EpisodeState:
         self.runs.append(episode.episode_id)
@@ -115,3 +120,14 @@ async def test_events_replay_history_then_follow_until_the_end() -> None:
     assert kinds == ["queued", "started", "harness-started", "ended"]
     again = [event["kind"] async for event in scheduler.events(episode.episode_id)]
     assert again == kinds
+
+
+@pytest.mark.asyncio
+async def test_a_request_the_runner_refuses_creates_no_episode() -> None:
+    runner = ScriptedRunner()
+    scheduler = Scheduler(runner)
+    with pytest.raises(InvalidEpisodeError, match="unknown task 'unknown'"):
+        scheduler.submit({"task_id": "unknown"}, "e1")
+    assert (scheduler.episodes, runner.runs, runner.reports, scheduler.metrics.launched) == ({}, [], [], 0)
+    await scheduler.wait(scheduler.submit({}, "e1").episode_id)  # the id is still free
+    assert scheduler.episodes["e1"].state == EpisodeState.SUCCEEDED

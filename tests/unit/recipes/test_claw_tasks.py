@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
+from orchard.env.tasks import TaskCatalog
 from recipes.claw.expert import choose, solution_plan, write_demonstrations
 from recipes.claw.services import STATE_FILE, BackgroundServices
 from recipes.claw.tasks import GRADE_SCRIPT, KINDS, SOLUTIONS_DIR, ClawConfig, generate, load_solutions
 from recipes.claw.tools import TOOLS_BY_NAME, call_tool
+from tests.unit.recipes.grader_run import plant_forged_results, plant_shadow_modules, run_grader, shadow_imports
 
 CONFIG = ClawConfig()
 
@@ -39,7 +41,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def grader() -> ModuleType:
-    """The grader script as a module (it is what each task ships in hidden/.grader/)."""
+    """The grader script as a module (it is what each task ships at the top of hidden/)."""
     spec = importlib.util.spec_from_file_location("claw_grade", GRADE_SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -116,7 +118,7 @@ def test_the_grader_accepts_the_reference_solution_and_rejects_the_wrong_one(
     suite: Path, grader: ModuleType, tmp_path: Path, split: str, task_id: str
 ) -> None:
     solutions = load_solutions(suite, split, task_id)
-    hidden = suite / split / task_id / "hidden" / ".grader"
+    hidden = suite / split / task_id / "hidden"
     apply(suite, split, task_id, solutions["reference"], tmp_path / "good")
     success, signals, effects = grader.grade(tmp_path / "good", hidden)
     assert (success, effects, signals["progress"]) == (True, [], 1.0), signals
@@ -132,25 +134,66 @@ def test_doing_nothing_fails_every_kind_with_no_side_effects(suite: Path, grader
         task_id = f"claw-eval-{kind.replace('_', '-')}-000"
         workdir = tmp_path / kind
         shutil.copytree(suite / "eval" / task_id / "workspace", workdir)
-        success, signals, effects = grader.grade(workdir, suite / "eval" / task_id / "hidden" / ".grader")
+        success, signals, effects = grader.grade(workdir, suite / "eval" / task_id / "hidden")
         assert (success, effects, signals["no_side_effects"]) == (False, [], 1.0), kind
         assert signals["progress"] < 1.0
 
 
-def test_the_shipped_grader_runs_in_the_working_copy_and_writes_its_signals(suite: Path, tmp_path: Path) -> None:
-    task_id = "claw-train-triage-000"
-    solutions = load_solutions(suite, "train", task_id)
+def test_the_shipped_grader_runs_from_its_own_directory_and_writes_its_signals_out(suite: Path, tmp_path: Path) -> None:
+    task_dir = suite / "train" / "claw-train-triage-000"
+    assert sorted(p.name for p in (task_dir / "hidden").iterdir()) == ["check.json", "grade.py", "seed.json"]
     workdir = tmp_path / "work"
-    apply(suite, "train", task_id, solutions["reference"], workdir)
-    shutil.copytree(suite / "train" / task_id / "hidden", workdir, dirs_exist_ok=True)
-    result = subprocess.run([sys.executable, ".grader/grade.py"], cwd=workdir, capture_output=True, text=True)  # noqa: S603
-    assert result.returncode == 0, result.stdout + result.stderr
-    signals = json.loads((workdir / SIGNALS_FILE).read_text())
-    assert (signals["triaged"], signals["progress"], signals["side_effects"]) == (1.0, 1.0, 0.0)
+    apply(suite, "train", task_dir.name, load_solutions(suite, "train", task_dir.name)["reference"], workdir)
+    run = run_grader(task_dir, workdir, tmp_path / "ok")
+    assert run.exit_code == 0 and run.signals is not None, run.stderr
+    assert (run.signals["triaged"], run.signals["progress"], run.signals["side_effects"]) == (1.0, 1.0, 0.0)
 
     (workdir / STATE_FILE).write_text("{not json")
-    result = subprocess.run([sys.executable, ".grader/grade.py"], cwd=workdir, capture_output=True, text=True)  # noqa: S603
-    assert result.returncode == 1 and json.loads((workdir / SIGNALS_FILE).read_text())["progress"] == 0.0
+    run = run_grader(task_dir, workdir, tmp_path / "bad")
+    assert run.exit_code == 1 and run.signals is not None and run.signals["progress"] == 0.0
+
+
+def test_planted_modules_and_forged_signals_in_the_working_copy_change_nothing(suite: Path, tmp_path: Path) -> None:
+    task_dir = suite / "train" / "claw-train-triage-000"
+    workdir = tmp_path / "work"
+    shutil.copytree(task_dir / "workspace", workdir)  # nothing done: a failing episode
+    plant_shadow_modules(workdir)
+    plant_shadow_modules(workdir / ".claw")
+    plant_forged_results(workdir)
+    run = run_grader(task_dir, workdir, tmp_path / "g")
+    assert shadow_imports(workdir) == []
+    assert run.exit_code == 1 and run.signals is not None and run.signals["triaged"] == 0.0, run.stderr
+    assert "forged" not in run.signals and run.signals["progress"] < 1.0
+
+
+@pytest.mark.parametrize("state", ["directory", "fifo", "list", "link out"])
+def test_a_state_file_that_is_not_a_json_object_fails_the_grade(
+    suite: Path, grader: ModuleType, tmp_path: Path, state: str
+) -> None:
+    task_id = "claw-train-triage-000"
+    workdir = tmp_path / "w"
+    apply(suite, "train", task_id, load_solutions(suite, "train", task_id)["reference"], workdir)
+    (workdir / STATE_FILE).unlink()
+    if state == "directory":
+        (workdir / STATE_FILE).mkdir()
+    elif state == "fifo":
+        os.mkfifo(workdir / STATE_FILE)
+    elif state == "link out":
+        (tmp_path / "elsewhere.json").write_text(json.dumps(load_solutions(suite, "train", task_id)))
+        (workdir / STATE_FILE).symlink_to(tmp_path / "elsewhere.json")
+    else:
+        (workdir / STATE_FILE).write_text("[]")
+    success, signals, _ = grader.grade(workdir, suite / "train" / task_id / "hidden")
+    assert (success, signals["state_readable"]) == (False, 0.0)
+
+
+def test_without_its_output_directory_the_grader_fails_naming_it(suite: Path, tmp_path: Path) -> None:
+    task_dir = suite / "train" / "claw-train-triage-000"
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-I", str(task_dir / "hidden" / "grade.py")],
+        cwd=task_dir / "workspace", env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "ORCHARD_GRADER_OUT is not set" in done.stderr
 
 
 def test_a_forbidden_side_effect_fails_an_otherwise_correct_episode(
@@ -162,7 +205,7 @@ def test_a_forbidden_side_effect_fails_an_otherwise_correct_episode(
     other = seed["events"][0]["id"]
     apply(suite, "train", task_id, [*reference, {"name": "calendar_delete_event", "arguments": {"event_id": other}}],
           tmp_path / "w")  # fmt: skip
-    success, signals, effects = grader.grade(tmp_path / "w", suite / "train" / task_id / "hidden" / ".grader")
+    success, signals, effects = grader.grade(tmp_path / "w", suite / "train" / task_id / "hidden")
     assert not success and effects == [f"events: {other} was deleted"]
     assert (signals["no_conflict"], signals["no_side_effects"], signals["progress"]) == (1.0, 0.0, 0.5)
 

@@ -4,6 +4,7 @@ and signals on hand-made working copies; the expert's plans for each kind of dem
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,16 +14,22 @@ import pytest
 import yaml
 
 from orchard.engines.scripted import ScriptedPlan
-from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
+from orchard.env.tasks import TaskCatalog
 from recipes.file_lookup.expert import DemoKind, Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import (
     GRADE_SCRIPT,
-    GRADER_DIR,
     LookupConfig,
     LookupTask,
     generate,
     generate_tasks,
     write_task,
+)
+from tests.unit.recipes.grader_run import (
+    FORGED_SIGNALS,
+    plant_forged_results,
+    plant_shadow_modules,
+    run_grader,
+    shadow_imports,
 )
 
 SMALL = LookupConfig(seed=3, train_tasks=40, eval_tasks=200)
@@ -62,11 +69,11 @@ def test_every_task_is_a_valid_orchard_task_with_its_answer_only_in_hidden(tmp_p
     task = LookupTask.from_directory(spec.directory)
     assert task == splits["eval"][0]
     assert (spec.instruction, spec.grade_command, spec.max_steps) == (
-        task.instruction, "python3 .grader/grade.py", 6,
+        task.instruction, 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"', 6,
     )  # fmt: skip
     assert sorted(p.name for p in spec.workspace.iterdir()) == sorted(task.files)
     assert (spec.workspace / task.file).read_text() == task.file_text(task.file)
-    assert sorted(tree(spec.hidden)) == [f"{GRADER_DIR}/grade.py", f"{GRADER_DIR}/reference.json"]
+    assert sorted(tree(spec.hidden)) == ["grade.py", "reference.json"]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["splits"]["train"] == [task.task_id for task in splits["train"]]
 
@@ -77,18 +84,23 @@ def test_generation_refuses_a_non_empty_output_directory(tmp_path: Path) -> None
         generate(SMALL, tmp_path)
 
 
-def grade_copy(tmp_path: Path, answer: str | None) -> tuple[int, dict[str, float]]:
-    """Lay out a working copy of ``TASK`` as the Env does after the harness (workspace, answer, hidden files), run
-    the grade command there, and return its exit status and signals."""
+def working_copy(tmp_path: Path, answer: str | None) -> tuple[Path, Path]:
+    """``TASK``'s directory and a working copy of it as the harness left it (workspace and answer)."""
     task_dir = tmp_path / "task"
     write_task(TASK, SMALL, task_dir)
     work = tmp_path / "work"
     shutil.copytree(task_dir / "workspace", work)
     if answer is not None:
         (work / "answer.txt").write_text(answer)
-    shutil.copytree(task_dir / "hidden", work, dirs_exist_ok=True)
-    result = subprocess.run([sys.executable, f"{GRADER_DIR}/grade.py"], cwd=work, capture_output=True, timeout=30)
-    return result.returncode, json.loads((work / SIGNALS_FILE).read_text())
+    return task_dir, work
+
+
+def grade_copy(tmp_path: Path, answer: str | None) -> tuple[int, dict[str, float] | None]:
+    """Run ``TASK``'s grade command over a working copy holding ``answer``, as the Env does (the grader outside the
+    working copy); returns its exit status and signals."""
+    task_dir, work = working_copy(tmp_path, answer)
+    run = run_grader(task_dir, work, tmp_path / "grader", timeout_s=30)
+    return run.exit_code, run.signals
 
 
 def signals(written: float, fmt: float, right_file: float, correct: float, progress: float) -> dict[str, float]:
@@ -116,6 +128,34 @@ def test_the_grader_exits_zero_only_for_the_right_answer_and_writes_the_document
     tmp_path: Path, answer: str | None, status: int, expected: dict[str, float]
 ) -> None:
     assert grade_copy(tmp_path, answer) == (status, expected)
+
+
+def test_planted_modules_and_forged_signals_in_the_working_copy_change_nothing(tmp_path: Path) -> None:
+    task_dir, work = working_copy(tmp_path, "233\n")  # right file, wrong key
+    plant_shadow_modules(work)
+    plant_forged_results(work)
+    (work / "reference.json").write_text(json.dumps({**TASK.reference(), "answer": "233"}))
+    run = run_grader(task_dir, work, tmp_path / "grader", timeout_s=30)
+    assert shadow_imports(work) == []
+    assert (run.exit_code, run.signals) == (1, signals(1, 1, 1, 0, 0.5)), run.stderr
+    assert json.loads((work / ".orchard-signals.json").read_text()) == FORGED_SIGNALS  # read by nobody
+
+
+def test_an_answer_linked_to_the_graders_own_reference_earns_nothing(tmp_path: Path) -> None:
+    task_dir, work = working_copy(tmp_path, None)
+    (work / "answer.txt").symlink_to(tmp_path / "grader" / "grader" / "reference.json")  # where run_grader puts it
+    run = run_grader(task_dir, work, tmp_path / "grader", timeout_s=30)
+    assert (tmp_path / "grader" / "grader" / "reference.json").is_file()
+    assert (run.exit_code, run.signals) == (1, signals(0, 0, 0, 0, 0.0)), run.stderr
+
+
+def test_without_its_output_directory_the_grader_fails_naming_it(tmp_path: Path) -> None:
+    task_dir, work = working_copy(tmp_path, "417\n")
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-I", str(task_dir / "hidden" / "grade.py")],
+        cwd=work, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "ORCHARD_GRADER_OUT is not set" in done.stderr
 
 
 EXPECTED_PLANS = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +14,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import yaml
 
 from orchard.env.tasks import TaskCatalog
 from recipes.gui.apps.core import Request
 from recipes.gui.apps.server import AppHost
 from recipes.gui.tasks import FAMILIES, GRADER_SOURCE, SuiteConfig, generate, generate_tasks
+from tests.unit.recipes.grader_run import plant_forged_results, plant_shadow_modules, run_grader, shadow_imports
 
 
 def _grader() -> ModuleType:
@@ -83,27 +84,82 @@ def test_a_booking_grader_gives_partial_credit_for_the_right_room_at_the_wrong_t
     assert signals["progress"] == 0.75
 
 
-def test_generated_directories_load_as_tasks_and_the_shipped_grader_runs_in_a_working_copy(tmp_path: Path) -> None:
-    config = SuiteConfig(train_per_family=1, eval_per_family=1)
-    generate(config, tmp_path / "suite")
-    catalog = TaskCatalog(tmp_path / "suite" / "train")
-    assert len(catalog.tasks) == len(FAMILIES)
-    task = catalog.get("gui-booking-cancel-train-000")
-    assert task.limits.memory_mb >= 2**21 and task.labels["app"] == "booking"
-    assert not (task.directory / "references").exists()
+def graded_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """A generated ``booking_cancel`` task and a working copy where the apps persisted its reference solution."""
+    generate(SuiteConfig(train_per_family=1, eval_per_family=1), tmp_path / "suite")
+    task = TaskCatalog(tmp_path / "suite" / "train").get("gui-booking-cancel-train-000")
     reference = json.loads((tmp_path / "suite" / "references" / f"{task.task_id}.json").read_text())
-    assert yaml.safe_load((task.directory / "task.yaml").read_text())["grade_command"] == "python3 .grader/grade.py"
-    # the Env's order: the workspace is the working copy, the apps persisted their state, then hidden/ is copied in
     work = tmp_path / "work"
     (work / ".gui").mkdir(parents=True)
     world = json.loads((task.workspace / ".gui" / "seed.json").read_text())
     (work / ".gui" / "state.json").write_text(json.dumps(replay(world, [tuple(h) for h in reference["http"]])))
-    (work / ".grader").mkdir()
-    for path in (task.hidden / ".grader").iterdir():
-        (work / ".grader" / path.name).write_bytes(path.read_bytes())
-    done = subprocess.run([sys.executable, ".grader/grade.py"], cwd=work, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads((work / ".orchard-signals.json").read_text())["cancelled"] == 1.0
+    return task.directory, work
+
+
+def test_generated_directories_load_as_tasks_and_the_shipped_grader_runs_from_its_own_directory(
+    tmp_path: Path,
+) -> None:
+    task_dir, work = graded_copy(tmp_path)
+    catalog = TaskCatalog(task_dir.parent)
+    assert len(catalog.tasks) == len(FAMILIES)
+    task = catalog.get(task_dir.name)
+    assert (task.limits.memory_mb, task.limits.address_space_mb) == (4096, 2**22) and task.labels["app"] == "booking"
+    assert not (task.directory / "references").exists()
+    assert task.grade_command == 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
+    assert sorted(p.name for p in task.hidden.iterdir()) == ["expected.json", "grade.py", "seed.json"]
+    # the Env's order: the apps persisted their state in the working copy, the grader runs from outside it
+    done = run_grader(task.directory, work, tmp_path / "ok")
+    assert done.exit_code == 0 and done.signals is not None, done.stderr
+    assert done.signals["cancelled"] == 1.0
     (work / ".gui" / "state.json").unlink()  # the apps never started: graded on the seed
-    idle = subprocess.run([sys.executable, ".grader/grade.py"], cwd=work, capture_output=True, check=False)
-    assert idle.returncode == 1
+    idle = run_grader(task.directory, work, tmp_path / "idle")
+    assert idle.exit_code == 1 and idle.signals is not None and idle.signals["cancelled"] == 0.0
+
+
+def test_planted_modules_and_forged_signals_in_the_working_copy_change_nothing(tmp_path: Path) -> None:
+    task_dir, work = graded_copy(tmp_path)
+    (work / ".gui" / "state.json").unlink()  # nothing done: a failing episode
+    plant_shadow_modules(work)
+    plant_shadow_modules(work / ".gui")
+    plant_forged_results(work)
+    done = run_grader(task_dir, work, tmp_path / "g")
+    assert shadow_imports(work) == []
+    assert done.exit_code == 1 and done.signals is not None and done.signals["success"] == 0.0, done.stderr
+    assert "forged" not in done.signals
+
+
+@pytest.mark.parametrize("state", ["[]", "{not json", "fifo", "directory"])
+def test_a_state_file_that_is_not_a_json_object_fails_the_grade(tmp_path: Path, state: str) -> None:
+    task_dir, work = graded_copy(tmp_path)
+    path = work / ".gui" / "state.json"
+    path.unlink()
+    if state == "fifo":
+        os.mkfifo(path)
+    elif state == "directory":
+        path.mkdir()
+    else:
+        path.write_text(state)
+    done = run_grader(task_dir, work, tmp_path / "g", timeout_s=60)
+    assert (done.exit_code, done.signals) == (1, {"state_readable": 0.0, "success": 0.0, "progress": 0.0})
+
+
+def test_an_answer_linked_to_the_graders_own_expectation_is_no_answer(tmp_path: Path) -> None:
+    generate(SuiteConfig(train_per_family=1, eval_per_family=1), tmp_path / "suite")
+    task = TaskCatalog(tmp_path / "suite" / "train").get("gui-shop-price-train-000")
+    expected = tmp_path / "g" / "grader" / "expected.json"  # where run_grader puts it
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "answer.txt").symlink_to(expected)
+    done = run_grader(task.directory, work, tmp_path / "g")
+    assert json.loads(expected.read_text())["match"] == "money"  # its first number is the price asked for
+    assert done.exit_code == 1 and done.signals is not None, done.stderr
+    assert (done.signals["answered"], done.signals["answer_correct"]) == (0.0, 0.0)
+
+
+def test_without_its_output_directory_the_grader_fails_naming_it(tmp_path: Path) -> None:
+    task_dir, work = graded_copy(tmp_path)
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-I", str(task_dir / "hidden" / "grade.py")],
+        cwd=work, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "ORCHARD_GRADER_OUT is not set" in done.stderr

@@ -8,16 +8,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
+from orchard.env.tasks import TaskCatalog
 from recipes.swe.build import BuildError
 from recipes.swe.grade import apply_patch
 from recipes.swe.swebench_build import SwebenchBuildConfig, UnsupportedInstanceError, build_swebench, main
+from tests.unit.recipes import grader_run
 
 OPS = '''"""Small numeric helpers."""
 
@@ -186,7 +186,7 @@ def test_the_task_names_its_image_and_labels_and_keeps_fix_and_hidden_tests_out_
     assert (task.image, task.git_snapshot, task.grade_command) == (
         "reg.local/swe:octo__calc-1",
         True,
-        "python3 .grader/grade.py",
+        'python3 -I "$ORCHARD_GRADER_DIR/grade.py"',
     )
     assert task.labels == {"repo": "octo/calc", "split": "eval"}
     assert (task.limits.cpus, task.limits.memory_mb, task.limits.disk_mb) == (2.0, 8192, 16384)
@@ -200,7 +200,7 @@ def test_the_task_names_its_image_and_labels_and_keeps_fix_and_hidden_tests_out_
 
 
 def test_the_grader_record_holds_the_rows_hidden_tests_and_environment_setup(built: Path, upstream: Upstream) -> None:
-    record = json.loads((built / "eval" / "octo__calc-1" / "hidden" / ".grader" / "instance.json").read_text())
+    record = json.loads((built / "eval" / "octo__calc-1" / "hidden" / "instance.json").read_text())
     assert (record["FAIL_TO_PASS"], record["PASS_TO_PASS"]) == (F2P, P2P)
     assert record["test_patch"] == upstream.test_patch
     assert (record["repo"], record["base_commit"]) == ("octo/calc", upstream.base)
@@ -212,14 +212,14 @@ def test_the_grader_record_holds_the_rows_hidden_tests_and_environment_setup(bui
 
 
 def run_grader(task: Path, tmp_path: Path, patch: str | None) -> tuple[int, dict[str, float]]:
-    """An episode's end: copy the workspace, apply ``patch`` (the agent's work), copy hidden/ in, grade."""
+    """An episode's end: copy the workspace, apply ``patch`` (the agent's work), grade from outside it."""
     work = tmp_path / "work"
     shutil.copytree(task / "workspace", work, symlinks=True)
     if patch is not None:
         apply_patch(work, patch)
-    shutil.copytree(task / "hidden", work, dirs_exist_ok=True)
-    done = subprocess.run([sys.executable, ".grader/grade.py"], cwd=work, capture_output=True, text=True, timeout=300)  # noqa: S603
-    return done.returncode, json.loads((work / SIGNALS_FILE).read_text())
+    run = grader_run.run_grader(task, work, tmp_path / "grader")
+    assert run.signals is not None, run.stderr
+    return run.exit_code, run.signals
 
 
 def test_the_unfixed_repository_fails_with_the_hidden_tests_applied(built: Path, tmp_path: Path) -> None:

@@ -4,8 +4,10 @@ are applied after the agent, agent edits to graded tests count for nothing, rewa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -14,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchard.env.tasks import SIGNALS_FILE, TaskCatalog
+from orchard.env.tasks import TaskCatalog
 from recipes.swe.build import BuildConfig, BuildError, build
 from recipes.swe.build import main as build_main
 from recipes.swe.instance import snapshot
+from tests.unit.recipes.grader_run import plant_shadow_modules, run_grader, shadow_imports
 
 OPS = b'''"""Small numeric helpers."""
 
@@ -125,8 +128,8 @@ def test_every_instance_becomes_a_valid_task_under_its_split_with_the_issue_as_i
     assert manifest["splits"] == {"train": ["calc-001"], "eval": ["calc-002"]}
     task = TaskCatalog(built / "train").get("calc-001")
     assert task.instruction.startswith("total() returns 1")
-    assert task.grade_command == "python3 .grader/grade.py"
-    assert sorted(p.name for p in (task.hidden / ".grader").iterdir()) == ["grade.py", "instance.json"]
+    assert task.grade_command == 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
+    assert sorted(p.name for p in task.hidden.iterdir()) == ["grade.py", "instance.json"]
     assert task.git_snapshot is True and task.image is None
     assert task.labels == {"repo": "calc", "split": "train", "bug_kind": "off_by_one"}
 
@@ -160,8 +163,9 @@ def test_neither_the_fix_nor_the_hidden_tests_appear_anywhere_the_agent_can_read
         assert secret.decode() not in git(workspace, "grep", "-h", "-e", "", "HEAD")
     everything = b"\n".join(p.read_bytes() for p in task.rglob("*") if p.is_file())
     assert b"every value counts" not in everything  # not even in hidden/: the grader never needs the fix
-    instance = json.loads((task / "hidden" / ".grader" / "instance.json").read_text())
+    instance = json.loads((task / "hidden" / "instance.json").read_text())
     assert "patch" not in instance and instance["reference_files"] == ["calc/ops.py"]
+    assert instance["restore"]["pytest.ini"] == "[pytest]\npythonpath = .\ntestpaths = tests\n"
 
 
 def test_the_same_suite_builds_the_same_files_and_the_same_base_commit(
@@ -181,11 +185,9 @@ def test_the_same_suite_builds_the_same_files_and_the_same_base_commit(
         build(suite, again)
 
 
-def grade(
-    task: Path, tmp_path: Path, changes: dict[str, bytes | None], *, path: str | None = None
-) -> tuple[int, dict[str, float]]:
-    """Play an episode's end: copy the workspace (without .git, as the runtime does), apply the agent's ``changes``
-    (``None`` deletes), copy ``hidden/`` in, run the grade command; returns its exit status and signals."""
+def working_copy(task: Path, tmp_path: Path, changes: dict[str, bytes | None]) -> Path:
+    """An episode's end: the workspace (without .git, as the runtime copies it) with the agent's ``changes``
+    (``None`` deletes)."""
     work = tmp_path / "work"
     shutil.copytree(task / "workspace", work, ignore=shutil.ignore_patterns(".git"))
     for name, data in changes.items():
@@ -193,12 +195,17 @@ def grade(
             (work / name).unlink()
         else:
             write_tree(work, {name: data})
-    shutil.copytree(task / "hidden", work, dirs_exist_ok=True)
-    env = {**os.environ, "PATH": path if path is not None else os.environ["PATH"]}
-    done = subprocess.run(
-        [sys.executable, ".grader/grade.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300
-    )  # noqa: S603
-    return done.returncode, json.loads((work / SIGNALS_FILE).read_text())
+    return work
+
+
+def grade(
+    task: Path, tmp_path: Path, changes: dict[str, bytes | None], *, path: str | None = None
+) -> tuple[int, dict[str, float]]:
+    """Run the task's grade command over a working copy with ``changes``, the grader outside it as the Env runs it;
+    returns its exit status and signals."""
+    run = run_grader(task, working_copy(task, tmp_path, changes), tmp_path / "grader", path=path)
+    assert run.signals is not None, run.stderr
+    return run.exit_code, run.signals
 
 
 def test_the_unfixed_repository_fails_with_no_fail_to_pass_test_passing(built: Path, tmp_path: Path) -> None:
@@ -252,3 +259,106 @@ def test_without_git_the_stdlib_applier_applies_the_hidden_tests(built: Path, tm
     no_git.mkdir()
     code, signals = grade(built / "eval" / "calc-002", tmp_path, {"calc/ops.py": FIXED_OPS}, path=str(no_git))
     assert code == 0 and signals["test_patch_applied"] == 1.0 and signals["f2p_fraction"] == 1.0
+
+
+UNFIXED = {"f2p_fraction": 0.0, "p2p_fraction": 1.0, "test_patch_applied": 1.0, "resolved": 0.0}
+PLUGIN = {"cheat_plugin.py": PASS_EVERYTHING}
+PYTEST_INI = b"[pytest]\npythonpath = .\ntestpaths = tests\n"
+CHEATS: dict[str, dict[str, bytes | None]] = {
+    "conftests": {"conftest.py": PASS_EVERYTHING, "tests/conftest.py": PASS_EVERYTHING},
+    "pytest.ini addopts": {"pytest.ini": PYTEST_INI + b"addopts = -p cheat_plugin\n", **PLUGIN},
+    "a pytest.ini by the tests": {"tests/pytest.ini": PYTEST_INI + b"addopts = -p cheat_plugin\n", **PLUGIN},
+    "pyproject.toml": {
+        "tests/pyproject.toml": b'[tool.pytest.ini_options]\naddopts = "-p cheat_plugin"\npythonpath = ["."]\n',
+        **PLUGIN,
+    },
+    "tox.ini and setup.cfg": {
+        "tests/tox.ini": b"[pytest]\naddopts = -p cheat_plugin\npythonpath = .\n",
+        "calc/setup.cfg": b"[tool:pytest]\naddopts = -p cheat_plugin\n",
+        **PLUGIN,
+    },
+    "pytest.ini deleted": {"pytest.ini": None, "tests/conftest.py": PASS_EVERYTHING},
+    "start-up files": {
+        "sitecustomize.py": b'import os\nos.environ["PYTEST_PLUGINS"] = "cheat_plugin"\n',
+        "tests/usercustomize.py": b'import os\nos.environ["PYTEST_PLUGINS"] = "cheat_plugin"\n',
+        "calc/cheat.pth": b'import os; os.environ["PYTEST_PLUGINS"] = "cheat_plugin"\n',
+        **PLUGIN,
+    },
+}
+"""Files an agent may leave to make every test pass without fixing anything."""
+
+
+@pytest.mark.parametrize("cheat", list(CHEATS))
+def test_planted_pytest_configuration_and_start_up_files_change_nothing(
+    built: Path, tmp_path: Path, cheat: str
+) -> None:
+    code, signals = grade(built / "train" / "calc-001", tmp_path, CHEATS[cheat])
+    assert code == 1 and {k: signals[k] for k in UNFIXED} == UNFIXED
+    work = tmp_path / "work"
+    kept = [n for n, data in CHEATS[cheat].items() if (work / n).is_file() and (work / n).read_bytes() == data]
+    assert set(kept) <= set(PLUGIN)  # every planted configuration and start-up file removed or back to base
+    assert (tmp_path / "work" / "pytest.ini").read_bytes() == PYTEST_INI  # the base file, back
+
+
+def test_a_linked_conftest_and_a_linked_tests_directory_change_nothing(built: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    write_tree(outside, {"test_ops.py": b"def test_mean():\n    pass\n", "conftest.py": PASS_EVERYTHING})
+    work = working_copy(built / "train" / "calc-001", tmp_path, {"cheat_plugin.py": PASS_EVERYTHING})
+    (work / "conftest.py").symlink_to("cheat_plugin.py")
+    shutil.rmtree(work / "tests")
+    (work / "tests").symlink_to(outside)
+    run = run_grader(built / "train" / "calc-001", work, tmp_path / "grader")
+    assert run.exit_code == 1 and run.signals is not None, run.stderr
+    assert {k: run.signals[k] for k in UNFIXED} == UNFIXED
+    assert not (work / "tests").is_symlink() and not (work / "conftest.py").exists()
+    assert sorted(p.name for p in outside.iterdir()) == ["conftest.py", "test_ops.py"]  # written through: never
+
+
+def test_a_stale_bytecode_file_of_a_fix_is_not_imported(built: Path, tmp_path: Path) -> None:
+    task = built / "train" / "calc-001"
+    work = working_copy(task, tmp_path, {})
+    source = tmp_path / "fixed_ops.py"
+    source.write_bytes(FIXED_OPS)
+    cached = work / importlib.util.cache_from_source("calc/ops.py")
+    py_compile.compile(str(source), cfile=str(cached), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    probe = "import sys; sys.path.append('.'); import calc.ops; print(calc.ops.total([5, 1]))"
+    sourceless = subprocess.run(  # the fix is in the .pyc only, and Python would import it
+        [sys.executable, "-I", "-c", probe], cwd=work, capture_output=True, text=True, check=True
+    )
+    assert sourceless.stdout.strip() == "6"
+    run = run_grader(task, work, tmp_path / "grader")
+    assert run.exit_code == 1 and run.signals is not None, run.stderr
+    assert {k: run.signals[k] for k in UNFIXED} == UNFIXED
+    assert not list(work.rglob("*.pyc")) and not list(work.rglob("__pycache__"))
+
+
+def test_modules_named_like_the_standard_library_or_pytest_are_never_imported(built: Path, tmp_path: Path) -> None:
+    task = built / "train" / "calc-001"
+    work = working_copy(task, tmp_path, {"calc/ops.py": FIXED_OPS})
+    plant_shadow_modules(work)
+    plant_shadow_modules(work / "tests")
+    run = run_grader(task, work, tmp_path / "grader")
+    assert shadow_imports(work) == []
+    assert run.exit_code == 0 and run.signals is not None and run.signals["resolved"] == 1.0, run.stderr
+
+
+def test_a_filter_in_the_agents_git_config_never_runs(built: Path, tmp_path: Path) -> None:
+    task = built / "train" / "calc-001"
+    work = working_copy(task, tmp_path, {"calc/ops.py": FIXED_OPS, ".gitattributes": b"* filter=cheat\n"})
+    marker = tmp_path / "filter-ran"
+    git(work, "init", "-q")
+    git(work, "config", "filter.cheat.clean", f"touch {marker}; cat")
+    git(work, "config", "filter.cheat.smudge", f"touch {marker}; cat")
+    run = run_grader(task, work, tmp_path / "grader")
+    assert "hidden test patch applied (git)" in run.stderr
+    assert run.exit_code == 0 and not marker.exists(), run.stderr
+
+
+def test_without_its_output_directory_the_grader_fails_naming_it(built: Path, tmp_path: Path) -> None:
+    task = built / "train" / "calc-001"
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-I", str(task / "hidden" / "grade.py")],
+        cwd=working_copy(task, tmp_path, {}), env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "ORCHARD_GRADER_OUT is not set" in done.stderr
