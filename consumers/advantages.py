@@ -10,6 +10,9 @@ of two then gives +-1 rather than +-0.71). Departures, and why:
   rule just makes it exact rather than relying on ``eps``;
 - ``normalise_std=False`` keeps only the mean baseline (``r_i - mean(r)``, the "Dr. GRPO" variant): the std
   division up-weights groups whose rewards barely differ, which some prefer not to do.
+- ``ddof=1`` (the sample standard deviation) with ``eps=1e-4`` gives exactly TRL's ``GRPOTrainer`` advantages
+  (``scale_rewards="group"``), which uses Bessel's correction; ``tests/unit/trainers/test_trl_parity.py`` checks
+  this against TRL's own code.
 
 Dense scores (``StepScore`` records) are added on top, per token: a call-level score to every token of that call's
 completion, a span score to the tokens of its span (``token_start``..``token_end`` of the call's completion), each
@@ -40,11 +43,16 @@ class DenseScore:
     token_end: int | None = None
 
 
-def group_advantages(rewards: Sequence[float], *, eps: float = 1e-6, normalise_std: bool = True) -> list[float]:
-    """GRPO-style group-relative advantages of ``rewards`` (see the module docstring for the std == 0 rule).
+def group_advantages(
+    rewards: Sequence[float], *, eps: float = 1e-6, normalise_std: bool = True, ddof: int = 0
+) -> list[float]:
+    """GRPO-style group-relative advantages of ``rewards`` (see the module docstring for the std == 0 rule); the
+    std divides by ``n - ddof`` (0: population, 1: sample, as TRL).
 
     >>> [round(a, 4) for a in group_advantages([1.0, 0.0, 0.0, 1.0])]
     [1.0, -1.0, -1.0, 1.0]
+    >>> [round(a, 4) for a in group_advantages([1.0, 0.0, 0.0, 1.0], ddof=1)]
+    [0.866, -0.866, -0.866, 0.866]
     >>> group_advantages([0.5, 0.5, 0.5])
     [0.0, 0.0, 0.0]
     """
@@ -52,7 +60,9 @@ def group_advantages(rewards: Sequence[float], *, eps: float = 1e-6, normalise_s
         return []
     values = np.asarray(rewards, dtype=np.float64)
     centred = values - values.mean()
-    std = float(values.std())
+    if len(values) <= ddof:
+        return [0.0] * len(values)  # a group of one has no sample std: nothing to rank either
+    std = float(values.std(ddof=ddof))
     if std == 0.0:
         return [0.0] * len(values)
     return [float(x) for x in (centred / (std + eps) if normalise_std else centred)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from consumers.samples import SampleBuilderConfig
+from consumers.start import ConsumerStart
 
 
 class _Strict(BaseModel):
@@ -21,6 +22,11 @@ class RuntimeConfig(_Strict):
     progress_interval_s: float = Field(10.0, gt=0, description="Seconds between progress log lines.")
     restore_idle_polls: int = Field(
         3, ge=1, description="Empty polls that end a changelog restore whose end offset stays out of reach."
+    )
+    start: ConsumerStart = Field(
+        "earliest",
+        description="Where a consumer group with no committed offset starts: 'earliest', 'latest', 'stage' (the "
+        "start of the run stage that started it) or a time in ms since the epoch (consumers.start).",
     )
 
 

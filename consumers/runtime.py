@@ -37,6 +37,7 @@ from consumers.config import RuntimeConfig
 from consumers.processor import Input, Processor, RecordRejected
 from consumers.state import ChangelogStateStore
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, TransactionalProducer, TransactionError
+from orchard.bus.base import StartPosition
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
 from orchard.bus.exceptions import TransactionPendingError
 from orchard.clock import now_ms
@@ -292,12 +293,14 @@ class ConsumerRuntime:
         dead_letter_topic: str = DEAD_LETTERS,
         clock: Callable[[], int] = now_ms,
         namespace: str | None = None,
+        start: StartPosition = "earliest",
     ) -> None:
         """``group`` defaults to the processor's name; ``instance_id`` (default ``default_instance_id()``) names
         the transactional producer and the static group membership, so a restarted instance fences its
         predecessor and takes its partitions back at once. With ``namespace`` every topic the processor reads or
         writes is ``<namespace>.<topic>`` (an isolated pipeline, or live processing of a replay's outputs), and
-        the default group is ``<namespace>.<name>``."""
+        the default group is ``<namespace>.<name>``. ``start`` is where the group begins on input partitions it
+        has no committed offset for (``consumers.start``; committed offsets always win)."""
         self.bus = bus
         self.namespace = namespace
         self.prefix = f"{namespace}." if namespace else ""
@@ -308,6 +311,7 @@ class ConsumerRuntime:
         self.codec = codec or Codec.default()
         self.dead_letter_topic = dead_letter_topic
         self.clock = clock
+        self.start = start
         self.changelog = changelog_topic(self.group)
         self.stats = RuntimeStats()
         self._stop = False
@@ -344,7 +348,7 @@ class ConsumerRuntime:
         """Process until ``stop()`` (or, with ``idle_exit_s``, until no record came for that long)."""
         partitions = self.ensure_topics()
         self.log.info("consumer starting", inputs=list(self.processor.input_topics),
-                      outputs=list(self.processor.output_topics))  # fmt: skip
+                      outputs=list(self.processor.output_topics), start=self.start)  # fmt: skip
         idle_since = time.monotonic()
         while not self._stop:
             idle_since = self._session(partitions, idle_exit_s, idle_since)
@@ -358,7 +362,7 @@ class ConsumerRuntime:
         transactional_id = f"{self.group}.{self.instance_id}"
         producer = self.bus.transactional_producer(transactional_id)
         inputs = [self.physical(t) for t in self.processor.input_topics]
-        consumer = self.bus.consumer(inputs, self.group, instance_id=transactional_id)
+        consumer = self.bus.consumer(inputs, self.group, start=self.start, instance_id=transactional_id)
         state = ChangelogStateStore(partitions)
         driver = DriverCore(
             self.processor, state, group=self.group, codec=self.codec, dead_letter_topic=self.dead_letter_topic,

@@ -103,6 +103,9 @@ class SampleBuilderConfig(BaseModel):
     outcome_weight: float = Field(1.0, description="Weight of the group-relative outcome advantage.")
     advantage_eps: float = Field(1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
     normalise_std: bool = Field(True, description="Divide by the group's reward std (False: mean baseline only).")
+    advantage_ddof: int = Field(
+        0, ge=0, le=1, description="Std of the group's rewards over n - ddof: 0 population, 1 sample (as TRL's GRPO)."
+    )
     credit: CreditConfig = Field(default_factory=CreditConfig, description="Credit-assignment rules (SFT weights).")
     sft_successful_only: bool = Field(False, description="SFT only on successful trajectories (demonstrations).")
     sft_min_reward: float | None = Field(None, description="SFT only on trajectories with at least this reward.")
@@ -289,8 +292,9 @@ class SampleBuilder(Processor):
         state = self._store()
         members = [PreparedTrajectory.from_bytes(_required(state, _TRAJ + m.episode_id)) for m in group.members]
         advantages = group_advantages(
-            [m.reward for m in members], eps=self.config.advantage_eps, normalise_std=self.config.normalise_std
-        )
+            [m.reward for m in members], eps=self.config.advantage_eps, normalise_std=self.config.normalise_std,
+            ddof=self.config.advantage_ddof,
+        )  # fmt: skip
         fix_files = fix_files_of(m.facts for m in members if m.success)
         emitted = 0
         for member, advantage in zip(members, advantages, strict=True):

@@ -7,6 +7,9 @@ Semantics the rest of Orchard relies on, and nothing more:
 - a record's partition is chosen by the hash of its key (same key, same partition), or round-robin when keyless;
 - a consumer group shares the partitions of its topics among its members; committed offsets are the next
   offset to read, so a restarted member resumes exactly after the last committed record;
+- a partition the group has no committed offset for (every partition, without a group) is read from the consumer's
+  start position: its first record (``earliest``), its end (``latest``), or its first record whose timestamp is at
+  or after a time in milliseconds since the epoch (its end when there is none);
 - a transactional producer makes its records and its consumer's offsets visible together, or not at all.
 """
 
@@ -17,9 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchard.bus.exceptions import RecordTooLargeError
+from orchard.bus.exceptions import BusError, RecordTooLargeError
 
-StartPosition = Literal["earliest", "latest"]
+StartPosition = Literal["earliest", "latest"] | int
+"""Where a consumer starts reading a partition without a committed offset: ``earliest``, ``latest``, or a timestamp
+(milliseconds since the epoch): the first record at or after it."""
 TOPIC_MAX_BYTES = "max.message.bytes"
 RECORD_OVERHEAD_BYTES = 128  # record batch and record headers that Kafka counts against max.message.bytes
 
@@ -239,8 +244,9 @@ class Bus(ABC):
         instance_id: str | None = None,
     ) -> Consumer:
         """A consumer of ``topics``: in ``group`` (shares partitions, commits offsets) or, without one, of all
-        partitions with no commits (replay, tail). ``instance_id`` gives a static membership, so a restarted
-        process takes its predecessor's partitions at once instead of waiting for its session to lapse."""
+        partitions with no commits (replay, tail). ``start`` applies only to partitions the group has no committed
+        offset for (``check_start``). ``instance_id`` gives a static membership, so a restarted process takes its
+        predecessor's partitions at once instead of waiting for its session to lapse."""
 
     @abstractmethod
     def close(self) -> None:
@@ -251,6 +257,19 @@ class Bus(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def check_start(start: StartPosition) -> StartPosition:
+    """``start`` if it is a valid start position, else ``BusError`` (a timestamp must be a non-negative int).
+
+    >>> check_start("latest"), check_start(1_700_000_000_000)
+    ('latest', 1700000000000)
+    """
+    if start in ("earliest", "latest"):
+        return start
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise BusError(f"a consumer start is 'earliest', 'latest' or a timestamp in ms >= 0, not {start!r}")
+    return start
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:

@@ -39,6 +39,7 @@ from orchard.bus.base import (
     TopicInfo,
     TopicPartition,
     TransactionalProducer,
+    check_start,
 )
 from orchard.bus.exceptions import (
     BusError,
@@ -163,6 +164,22 @@ class KafkaBus(Bus):
                     ) from exc
                 time.sleep(0.1)
 
+    def offsets_for_time(self, parts: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
+        """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``, else its end.
+
+        The end (high watermark) is read before the lookup: a record produced meanwhile is then either found or at or
+        after that end, so a consumer starting here never skips a record at or after ``timestamp_ms``.
+        """
+        ends = {tp: self.watermarks(RawTopicPartition(tp.topic, tp.partition))[1] for tp in parts}
+        query = [RawTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in parts]
+        reader = self._watermarks
+        if not query or reader is None:  # watermarks() opened the reader for any partition
+            return {}
+        with kafka_errors("looking up offsets by time"):
+            found = reader.offsets_for_times(query, timeout=METADATA_TIMEOUT_S)
+        offsets = {TopicPartition(part.topic, part.partition): part.offset for part in found}
+        return {tp: offsets[tp] if offsets.get(tp, -1) >= 0 else ends[tp] for tp in parts}
+
     # ---------------------------------------------------------------- clients
     def _producer_conf(self) -> dict[str, Any]:
         return {
@@ -198,7 +215,7 @@ class KafkaBus(Bus):
         """A consumer; see ``Bus.consumer``."""
         for topic in topics:
             self.partitions(topic)
-        return KafkaConsumer(self, list(topics), group, start=start, instance_id=instance_id)
+        return KafkaConsumer(self, list(topics), group, start=check_start(start), instance_id=instance_id)
 
     def close(self) -> None:
         """Close the watermark reader."""
@@ -364,12 +381,14 @@ class KafkaConsumer(Consumer):
     ) -> None:
         self.bus = bus
         self.group = group
+        self.start = start
         self._pending_seeks: dict[TopicPartition, int] = {}
         conf: dict[str, Any] = {
             **bus.common,
             "group.id": group or f"orchard-reader-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
-            "auto.offset.reset": start,
+            # a timestamp start is resolved on assignment; if that offset is gone by the fetch, read from the start
+            "auto.offset.reset": start if isinstance(start, str) else "earliest",
             "isolation.level": "read_committed",
             "session.timeout.ms": 10_000,
             **bus.config.client_options,
@@ -378,15 +397,14 @@ class KafkaConsumer(Consumer):
             conf["group.instance.id"] = instance_id
         self.raw: RawConsumer | None = RawConsumer(conf)
         self._manual: dict[TopicPartition, int] = {}
+        # Offsets this consumer was assigned or sought to, the position of a partition nothing was fetched from yet
+        # (librdkafka knows a position only after a fetch): so a commit covers a start position that skipped records.
+        self._assigned: dict[TopicPartition, int] = {}
         if group is None:
             # Concrete start offsets, not OFFSET_BEGINNING/END: librdkafka fetched ~6x slower from a logical
             # offset in our measurements (6.7k vs 40k records/s of 34 KB on one broker).
-            side = 0 if start == "earliest" else 1
-            self._manual = {
-                TopicPartition(t, p): bus.watermarks(RawTopicPartition(t, p))[side]
-                for t in topics
-                for p in range(bus.partitions(t))
-            }
+            parts = [TopicPartition(t, p) for t in topics for p in range(bus.partitions(t))]
+            self._manual = self._start_offsets(parts)
             self._assign_manual()
         else:
             self.raw.subscribe(topics, on_assign=self._on_assign)
@@ -397,14 +415,42 @@ class KafkaConsumer(Consumer):
         return self.raw
 
     def _assign_manual(self) -> None:
+        self._assigned = dict(self._manual)
         self._consumer().assign([RawTopicPartition(tp.topic, tp.partition, off) for tp, off in self._manual.items()])
+
+    def _start_offsets(self, parts: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where ``parts`` start without a committed offset: their low or high watermark, or the offset of the start
+        timestamp."""
+        if isinstance(self.start, int):
+            return self.bus.offsets_for_time(parts, self.start)
+        side = 0 if self.start == "earliest" else 1
+        return {tp: self.bus.watermarks(RawTopicPartition(tp.topic, tp.partition))[side] for tp in parts}
 
     def _on_assign(self, raw: RawConsumer, partitions: list[RawTopicPartition]) -> None:
         for part in partitions:
             target = self._pending_seeks.pop(TopicPartition(part.topic, part.partition), None)
             if target is not None:
                 part.offset = target
+        if self.start != "earliest":  # librdkafka resets to 'latest' lazily, at its first fetch: too late
+            self._start_uncommitted(raw, [part for part in partitions if part.offset < 0])
+        self._assigned = {TopicPartition(p.topic, p.partition): p.offset for p in partitions if p.offset >= 0}
         raw.assign(partitions)
+
+    def _start_uncommitted(self, raw: RawConsumer, parts: list[RawTopicPartition]) -> None:
+        """Point the partitions the group has no committed offset for at their start offsets now (in place), so
+        'latest' means the end at assignment and a timestamp its first record at or after it, as on the embedded
+        bus."""
+        if not parts:
+            return
+        with kafka_errors("reading committed offsets on assignment"):
+            committed = raw.committed([RawTopicPartition(p.topic, p.partition) for p in parts], METADATA_TIMEOUT_S)
+        offsets = self._start_offsets(sorted(TopicPartition(c.topic, c.partition) for c in committed if c.offset < 0))
+        for part in parts:
+            offset = offsets.get(TopicPartition(part.topic, part.partition))
+            if offset is not None:
+                part.offset = offset
+        log.info("partitions without committed offsets start at their start position", group=self.group,
+                 start=self.start, offsets={f"{tp.topic}[{tp.partition}]": o for tp, o in offsets.items()})  # fmt: skip
 
     def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
         """Wait up to ``timeout_s`` for a first record, then take whatever else is already fetched."""
@@ -437,11 +483,13 @@ class KafkaConsumer(Consumer):
                 raise BusError(f"commit failed: {exc}") from exc
 
     def position(self) -> dict[TopicPartition, int]:
-        """Next offsets, for partitions that have one."""
+        """Next offsets, for partitions that have one: fetched from, or assigned or sought to a concrete offset."""
         raw = self._consumer()
         with kafka_errors("reading positions"):
             parts = raw.position(raw.assignment())
-        return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
+        assigned = {TopicPartition(p.topic, p.partition): p.offset for p in parts}
+        fetched = {tp: offset for tp, offset in assigned.items() if offset >= 0}
+        return {**{tp: o for tp, o in self._assigned.items() if tp in assigned}, **fetched}
 
     def committed(self) -> dict[TopicPartition, int]:
         """Offsets committed by the group for the assigned partitions."""
@@ -469,6 +517,7 @@ class KafkaConsumer(Consumer):
         if tp not in self.assignment():
             self._pending_seeks[tp] = offset
             return
+        self._assigned[tp] = offset
         try:
             raw.seek(RawTopicPartition(tp.topic, tp.partition, offset))
         except KafkaException:
@@ -497,18 +546,8 @@ class KafkaConsumer(Consumer):
 
     def seek_to_timestamp(self, timestamp_ms: int) -> dict[TopicPartition, int]:
         """Seek each assigned partition to the first record at or after ``timestamp_ms`` (else to its end)."""
-        raw = self._consumer()
-        query = [RawTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in self.assignment()]
-        with kafka_errors("looking up offsets by time"):
-            found = raw.offsets_for_times(query, timeout=METADATA_TIMEOUT_S) if query else []
-        result: dict[TopicPartition, int] = {}
-        for part in found:
-            tp = TopicPartition(part.topic, part.partition)
-            offset = part.offset
-            if offset < 0:
-                with kafka_errors("reading the end offset"):
-                    offset = raw.get_watermark_offsets(part, timeout=METADATA_TIMEOUT_S, cached=False)[1]
-            result[tp] = offset
+        result = self.bus.offsets_for_time(self.assignment(), timestamp_ms)
+        for tp, offset in result.items():
             self.seek(tp, offset)
         return result
 

@@ -27,21 +27,30 @@ def run(
     idle_exit: float | None = typer.Option(
         None, "--idle-exit", min=0.1, help="Exit after this many seconds without input (batch jobs, tests)."
     ),
+    start: str | None = typer.Option(
+        None,
+        "--start",
+        help="Where a new group (no committed offsets) starts: earliest, latest, stage (the run stage's start, "
+        "$ORCHARD_STAGE_STARTED_MS), a time in ms since the epoch or ISO 8601 (default: consumers.runtime.start).",
+    ),
 ) -> None:
     """Run one consumer until SIGTERM/SIGINT: exactly-once, state in a changelog topic, bad records dead-lettered."""
     from consumers.builtin import build_processor
     from consumers.runtime import ConsumerRuntime, stop_on_signals
+    from consumers.start import parse_start, resolve_start
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like uvicorn: `module:attr` of the current directory is importable
     cli = state(ctx)
     config = cli.config()
     processor = build_processor(name, config.consumers)
+    position = resolve_start(parse_start(start) if start else config.consumers.runtime.start, os.environ)
     bus = cli.bus()
     try:
         runtime = ConsumerRuntime(
-            bus, processor, config=config.consumers.runtime, group=group, instance_id=instance, namespace=namespace
-        )
+            bus, processor, config=config.consumers.runtime, group=group, instance_id=instance, namespace=namespace,
+            start=position,
+        )  # fmt: skip
         with stop_on_signals(runtime):
             stats = runtime.run(idle_exit_s=idle_exit)
         console.print(

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from orchard.evaluation.breakdown import LabelGroup
     from orchard.evaluation.cost import EvalCost
     from orchard.evaluation.heldout import HeldoutResult, Picker
+    from orchard.evaluation.results import StageRow
     from orchard.store import ArtifactStore
     from trainers.rerank import LabelledCandidate, RerankReport
     from trainers.value import ValueModel
@@ -249,8 +250,9 @@ def _heldout(
             result = evaluate_heldout(bus, heldout, list(labels), submitter, picker=picker, labels=labels)
         finally:
             submitter.close()
-    record_stage(options.run_dir, result)
+    rows = record_stage(options.run_dir, result)
     _print_heldout(result, options.run_dir)
+    _print_paired(next(row for row in rows if row.stage == result.stage))
 
 
 def _selection(attempts: int | None, rerank: int | None) -> tuple[int, str]:
@@ -294,6 +296,17 @@ def _print_heldout(result: HeldoutResult, run_dir: Path) -> None:
     detail_json, detail_md = stage_paths(run_dir, result.stage)
     console.print(f"results table: {run_dir / 'results.md'}", soft_wrap=True)
     console.print(f"stage detail: {detail_md} and {detail_json}", soft_wrap=True)
+
+
+def _print_paired(row: StageRow) -> None:
+    """The stage against the one before it in the table: wins, losses, pairs and the exact McNemar p-value."""
+    from orchard.evaluation.results import p_value_text
+
+    if row.vs_stage is None:
+        return
+    line = (f"vs {row.vs_stage}: {row.wins} wins, {row.losses} losses on {row.pairs} paired tasks, "
+            f"exact McNemar p = {p_value_text(row.p_value)}")  # fmt: skip
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 def _breakdown_table(label: str, groups: list[LabelGroup]) -> Table:

@@ -54,7 +54,7 @@ from orchard.env.exceptions import (
 )
 from orchard.env.interpreter import interpreter_paths
 from orchard.env.isolation import SYSTEM_PATH, Isolation, IsolationMode, detect_isolation
-from orchard.env.mounts import detach_stale
+from orchard.env.mounts import detach_stale, mount_scratch, unmount
 from orchard.env.process import RunningCommand
 from orchard.env.provisioning import Provisioner, SandboxResources, remove_tree
 from orchard.env.proxy_bridge import ProxyBridge
@@ -90,6 +90,8 @@ PATCH_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT_BYTES = 16 * MIB
 SANDBOX_USER = "sandbox"
 LEGACY_SIGNALS_FILE = ".orchard-signals.json"
+GRADER_SCRATCH_MB = 64
+"""Room for what a grader writes (outputs, home), beyond its own files."""
 MAX_GRADER_OUTPUT_BYTES = 4 * MIB
 """What ``run_grader`` reads back of each file the grader wrote (its signals are a few hundred bytes)."""
 
@@ -283,7 +285,9 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._grading = False
         self._stops: list[str] = []
-        self.view = SandboxView.for_sandbox(self.workdir, resources.home, resources.tmp, runtime.shared, runtime.etc)
+        self.view = SandboxView.for_sandbox(
+            self.workdir, resources.home, resources.tmp, resources.shm, runtime.shared, runtime.etc
+        )
         namespaced = self._isolation.namespaces
         self.inside_workdir = INSIDE_WORK if namespaced else str(self.workdir)
         self.inside_home = INSIDE_HOME if namespaced else str(resources.home)
@@ -307,7 +311,7 @@ class LocalSandbox(Sandbox):
         cgroup = self.resources.cgroup
         return Watched(
             name=self.spec.sandbox_id,
-            directories=(self.workdir, self.resources.home, self.resources.tmp),
+            directories=(self.workdir, self.resources.home, self.resources.tmp, self.resources.shm),
             disk_mb=None if self.resources.scratch else self.spec.limits.disk_mb,
             cpu_seconds=self.spec.limits.cpu_seconds,
             cpu_used=cgroup.cpu_seconds if cgroup is not None and not self._grading else None,
@@ -610,9 +614,24 @@ class LocalSandbox(Sandbox):
         self.terminate_all()
         with contextlib.suppress(SandboxError):
             self.files.delete(LEGACY_SIGNALS_FILE)  # never read, but no agent-written file may look like an output
-        grader, out, home = (self.directory / name for name in ("grader", "grader-out", "grader-home"))
-        for directory in (grader, out, home):
-            remove_tree(directory)
+        # Outside the sandbox's own files (which the agent may have filled to the last byte and inode), on a tmpfs
+        # of its own where the runtime is root: the grader's writes cannot reach the host's disk either.
+        base = self._runtime.root / f".grader-{self.spec.sandbox_id}-{secrets.token_hex(4)}"
+        base.mkdir(mode=0o755)
+        mounted = False
+        try:
+            if self._runtime.scratch:
+                size_mb = sum(len(data) for data in files.values()) // MIB + GRADER_SCRATCH_MB
+                mount_scratch(base, size_mb, None, mode=0o755)
+                mounted = True
+            return self._grade_in(base, files, command, timeout_s)
+        finally:
+            if mounted:
+                unmount(base)
+            remove_tree(base)
+
+    def _grade_in(self, base: Path, files: Mapping[str, bytes], command: str, timeout_s: float) -> GraderRun:
+        grader, out, home = base / "grader", base / "out", base / "home"
         write_grader_files(grader, files)
         for directory in (out, home):
             directory.mkdir(mode=0o700)
@@ -701,19 +720,20 @@ def write_grader_files(directory: Path, files: Mapping[str, bytes]) -> None:
 
 
 def read_grader_outputs(directory: Path, max_files: int = 64) -> dict[str, bytes]:
-    """The regular files the grader left in ``directory`` (not following symbolic links), by relative path, each cut
-    at ``MAX_GRADER_OUTPUT_BYTES``."""
+    """The regular files the grader left at the top of ``directory`` (symbolic links, devices, FIFOs and
+    subdirectories ignored), by name, each cut at ``MAX_GRADER_OUTPUT_BYTES``."""
     outputs: dict[str, bytes] = {}
-    for path in sorted(directory.rglob("*")):
-        if len(outputs) >= max_files:
-            break
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        with os.fdopen(fd, "rb") as handle:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                outputs[path.relative_to(directory).as_posix()] = handle.read(MAX_GRADER_OUTPUT_BYTES)
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            if len(outputs) >= max_files:
+                break
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as handle:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    outputs[entry.name] = handle.read(MAX_GRADER_OUTPUT_BYTES)
     return outputs
 
 

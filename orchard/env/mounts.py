@@ -23,9 +23,10 @@ MAX_INODES = 200_000
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
-def mount_scratch(directory: Path, size_mb: int, owner: tuple[int, int] | None) -> None:
-    """Mount a tmpfs of ``size_mb`` MiB on ``directory`` (mode 0700, owned by ``owner``); ``OSError`` if refused."""
-    options = f"size={size_mb}m,nr_inodes={MAX_INODES},mode=0700"
+def mount_scratch(directory: Path, size_mb: int, owner: tuple[int, int] | None, mode: int = 0o700) -> None:
+    """Mount a tmpfs of ``size_mb`` MiB on ``directory`` (``mode``, owned by ``owner`` or root); ``OSError`` if
+    refused."""
+    options = f"size={size_mb}m,nr_inodes={MAX_INODES},mode={mode:o}"
     if owner is not None:
         options += f",uid={owner[0]},gid={owner[1]}"
     result = _libc.mount(

@@ -59,6 +59,11 @@ class SandboxResources:
         """The sandbox's temporary directory (``/tmp`` inside)."""
         return self.directory / "tmp"
 
+    @property
+    def shm(self) -> Path:
+        """The sandbox's shared memory (``/dev/shm`` inside)."""
+        return self.directory / "shm"
+
 
 @dataclass(frozen=True)
 class Provisioner:
@@ -127,9 +132,10 @@ class Provisioner:
         if self.scratch:
             mount_scratch(directory, spec.limits.disk_mb, resources.owner)
             resources.scratch = True
-        for sub in (resources.workdir, resources.home, resources.tmp):
+        for sub in (resources.workdir, resources.home, resources.tmp, resources.shm):
             sub.mkdir(mode=0o755)
-        os.chmod(resources.tmp, 0o1777)  # noqa: S103 - the sandbox's own /tmp: sticky, as /tmp always is
+        for shared_dir in (resources.tmp, resources.shm):
+            os.chmod(shared_dir, 0o1777)  # noqa: S103 - the sandbox's own /tmp and /dev/shm: sticky, as always
         if spec.source_dir is not None:
             copy_source(Path(spec.source_dir), resources.workdir, max_bytes=spec.limits.disk_mb * MIB)
             if self.git_snapshot if spec.git_snapshot is None else spec.git_snapshot:

@@ -28,6 +28,10 @@ MAX_NAME_BYTES = 255
 """Longest file name (one path component) Linux file systems take (NAME_MAX)."""
 MAX_PATH_BYTES = 4095
 """Longest path a sandbox may name (PATH_MAX less its NUL)."""
+MAX_LISTED = 100_000
+"""A recursive listing stops after this many entries (a sandbox holds at most ~200,000 files)."""
+MAX_DEPTH = 256
+"""A recursive listing does not descend deeper than this (nesting thousands deep is possible)."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -231,21 +235,54 @@ class ConfinedDirectory:
             raise PathEscapeError(f"{path!r} is a hard link to a file the sandbox does not own")
 
 
+MAX_LISTED = 100_000
+"""A recursive listing stops after this many entries (a sandbox can hold at most ~200,000 files)."""
+MAX_DEPTH = 256
+"""A recursive listing does not descend below this depth (``PATH_MAX`` allows thousands of nested directories)."""
+
+
 def _scan(dir_fd: int, prefix: str, recursive: bool, out: list[FileEntry]) -> None:
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            info = entry.stat(follow_symlinks=False)
-            rel = _join(prefix, entry.name)
+    """List ``dir_fd`` into ``out`` depth first, without recursion (a sandbox may nest directories thousands deep):
+    one descriptor per level, at most ``MAX_DEPTH`` levels, and at most ``MAX_LISTED`` entries."""
+    stack: list[tuple[int | None, str, Iterator[os.DirEntry[str]]]] = [(None, prefix, os.scandir(dir_fd))]
+    try:
+        while stack and len(out) < MAX_LISTED:
+            fd, rel_dir, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                _close_level(stack.pop())
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed meanwhile
+            rel = _join(rel_dir, entry.name)
             out.append(_entry(rel, info))
-            if recursive and stat.S_ISDIR(info.st_mode):
-                try:
-                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
-                except OSError:
-                    continue  # replaced meanwhile
-                try:
-                    _scan(sub, rel, recursive, out)
-                finally:
-                    os.close(sub)
+            if recursive and stat.S_ISDIR(info.st_mode) and len(stack) < MAX_DEPTH:
+                _descend(stack, entry.name, rel, dir_fd if fd is None else fd)
+    finally:
+        while stack:
+            _close_level(stack.pop())
+
+
+def _descend(stack: list[tuple[int | None, str, Iterator[os.DirEntry[str]]]], name: str, rel: str, parent: int) -> None:
+    try:
+        sub = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return  # replaced meanwhile
+    try:
+        stack.append((sub, rel, os.scandir(sub)))
+    except OSError:
+        os.close(sub)
+
+
+def _close_level(level: tuple[int | None, str, Iterator[os.DirEntry[str]]]) -> None:
+    fd, _, entries = level
+    close = getattr(entries, "close", None)
+    if close is not None:
+        close()
+    if fd is not None:
+        os.close(fd)
 
 
 def _entry(path: str, info: os.stat_result) -> FileEntry:

@@ -8,8 +8,8 @@ A command starts from an empty root (a tmpfs) in which only these exist:
   harnesses import (``orchard.env.interpreter``), harness installations (``LocalRuntime(shared_paths=...)``);
 - the sandbox's **own directories**, writable: the working copy at ``/sandbox/work``, ``$HOME`` at
   ``/sandbox/home``, and its temporary directory as ``/tmp`` and ``/var/tmp`` (host paths are never shown);
-- a fresh ``/dev`` (null, zero, random, urandom, tty, pts, a size-capped ``/dev/shm``), a fresh ``/proc`` of the
-  command's own PID namespace, and an empty ``/run``.
+- a fresh ``/dev`` (null, zero, random, urandom, tty, pts, and ``/dev/shm`` on the sandbox's own files), a fresh
+  ``/proc`` of the command's own PID namespace, and an empty, read-only ``/run``.
 
 Every other path of the host (home directories, other checkouts, other runs and sandboxes, caches, the bus, the
 store, task directories with their graders) does not exist inside. Directories above a bound path are created empty
@@ -49,9 +49,10 @@ ETC_ENTRIES = (
 linker, TLS roots, time zone, MIME types, fonts, the alternatives links that ``/usr/bin`` points through. Not: keys,
 ``shadow``, credentials, cron, systemd, package-manager state."""
 TEMPORARY = ("/tmp", "/var/tmp")  # noqa: S108 - the sandbox's own, bound from its directory
-DEV_SHM_MB = 256
+DEV_SHM = "/dev/shm"  # noqa: S108 - inside the sandbox
+DEV_SHM_MB = 64
+"""Size of a grading command's fresh ``/dev/shm``."""
 MIB = 1024 * 1024
-RUN_TMPFS_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,12 @@ class SandboxView:
 
     @classmethod
     def for_sandbox(
-        cls, work: Path, home: Path, tmp: Path, shared: Sequence[Path], etc: Path | None = None
+        cls, work: Path, home: Path, tmp: Path, shm: Path, shared: Sequence[Path], etc: Path | None = None
     ) -> SandboxView:
-        """The view of an agent's command: its working copy, home and temporary directory, writable."""
+        """The view of an agent's command: its working copy, home, temporary and shared-memory directories,
+        writable (all four on the sandbox's own files, so ``disk_mb`` bounds them together)."""
         tmp_dir = "/tmp"  # noqa: S108 - the sandbox's own temporary directory, not the host's
-        writable = ((work, INSIDE_WORK), (home, INSIDE_HOME), (tmp, tmp_dir), (tmp, "/var/tmp"))  # noqa: S108
+        writable = ((work, INSIDE_WORK), (home, INSIDE_HOME), (tmp, tmp_dir), (tmp, "/var/tmp"), (shm, DEV_SHM))  # noqa: S108
         return cls(writable=writable, shared=tuple(shared), etc=etc)
 
     def for_grader(self, work: Path, home: Path, grader: Path, out: Path) -> SandboxView:
@@ -99,9 +101,11 @@ class SandboxView:
         world-traversable (0755) first, as bubblewrap would make it 0700 and the sandbox's uid could not reach it."""
         made: set[str] = set()
         args = _system_args(made, self.etc)
-        args += ["--dev", "/dev", "--perms", "1777", "--size", str(self.dev_shm_mb * MIB), "--tmpfs", "/dev/shm"]  # noqa: S108
-        args += ["--proc", "/proc", "--size", str(RUN_TMPFS_BYTES), "--tmpfs", "/run"]
-        made.update(("/dev", "/proc", "/run"))
+        args += ["--dev", "/dev"]
+        if not any(inside == DEV_SHM for _, inside in self.writable):  # else the sandbox's own, bound below
+            args += ["--perms", "1777", "--size", str(self.dev_shm_mb * MIB), "--tmpfs", DEV_SHM]
+        args += ["--proc", "/proc", "--perms", "0755", "--dir", "/run"]  # /run: there, empty, not writable
+        made.update(("/dev", "/proc", "/run", DEV_SHM))
         for inside in self.tmpfs:
             args += [*_parents(inside, made), "--perms", "1777", "--tmpfs", inside]
         temporary = [(host, inside) for host, inside in self.writable if inside in TEMPORARY]

@@ -8,6 +8,13 @@ a new stage is appended. Both files are replaced atomically. A stage's detail go
 Each row says how its figure was obtained (``selection``: ``first``, ``pass@K`` or ``rerank@K``) and what it cost.
 Rows written before those columns existed read back with defaults: ``selection`` is ``rerank@K`` for a row of K > 1
 samples (``--rerank`` was the only way to get one), else ``first``; the cost columns are unknown (None).
+
+Each row keeps its per-task outcomes (``task_outcomes``: task id -> whether the episode that counts succeeded, the
+figures its success rate is made of), and every row after the first is compared with the row before it on their
+common tasks by the exact McNemar test (``orchard.evaluation.paired``): ``vs_stage``, ``pairs``, ``wins``,
+``losses``, ``p_value``. The comparisons are recomputed on every write, so replacing a stage's row also updates the
+comparison of the stage after it. A row without ``task_outcomes`` (written by an older Orchard) takes them from its
+``eval/<stage>.json`` detail when that is there; otherwise its comparisons are unknown (None).
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from orchard.evaluation.exceptions import ResultsError
 from orchard.evaluation.heldout import HeldoutResult
+from orchard.evaluation.paired import paired_test
 from orchard.evaluation.report import render_stage_markdown
 
 RESULTS_JSON = "results.json"
@@ -53,6 +61,12 @@ class StageRow:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     episode_time_s: float | None = None
+    task_outcomes: dict[str, bool] | None = None
+    vs_stage: str | None = None
+    pairs: int | None = None
+    wins: int | None = None
+    losses: int | None = None
+    p_value: float | None = None
 
     @property
     def total_tokens(self) -> int | None:
@@ -86,6 +100,7 @@ class StageRow:
             prompt_tokens=None if cost is None else cost.prompt_tokens,
             completion_tokens=None if cost is None else cost.completion_tokens,
             episode_time_s=None if cost is None else cost.episode_time_s,
+            task_outcomes={task.task_id: task.chosen.success for task in result.tasks},
         )
 
     @classmethod
@@ -114,7 +129,35 @@ def read_rows(run_dir: Path) -> list[StageRow]:
         raise ResultsError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("stages"), list):
         raise ResultsError(f"{path} is not a results table (no 'stages' list)")
-    return [StageRow.from_json(row) for row in data["stages"]]
+    rows = [StageRow.from_json(row) for row in data["stages"]]
+    return [row if row.task_outcomes is not None else _outcomes_from_detail(run_dir, row) for row in rows]
+
+
+def _outcomes_from_detail(run_dir: Path, row: StageRow) -> StageRow:
+    """``row`` with the per-task outcomes of its ``eval/<stage>.json`` (unchanged when there is none to read)."""
+    try:
+        detail = json.loads(stage_paths(run_dir, row.stage)[0].read_text())
+        outcomes = {
+            str(task["task_id"]): any(e["success"] for e in task["episodes"] if e["episode_id"] == task["chosen"])
+            for task in detail["tasks"]
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return row
+    return replace(row, task_outcomes=outcomes)
+
+
+def with_paired_tests(rows: list[StageRow]) -> list[StageRow]:
+    """``rows`` with each one's exact McNemar test against the row before it (None where either lacks outcomes)."""
+    out: list[StageRow] = []
+    for i, row in enumerate(rows):
+        before = rows[i - 1] if i else None
+        if before is None or before.task_outcomes is None or row.task_outcomes is None:
+            out.append(replace(row, vs_stage=None, pairs=None, wins=None, losses=None, p_value=None))
+            continue
+        test = paired_test(before.stage, before.task_outcomes, row.task_outcomes)
+        out.append(replace(row, vs_stage=test.baseline, pairs=test.pairs, wins=test.wins, losses=test.losses,
+                           p_value=test.p_value))  # fmt: skip
+    return out
 
 
 def upsert(rows: list[StageRow], row: StageRow) -> list[StageRow]:
@@ -126,7 +169,7 @@ def upsert(rows: list[StageRow], row: StageRow) -> list[StageRow]:
 def record_stage(run_dir: Path, result: HeldoutResult) -> list[StageRow]:
     """Add or replace ``result``'s row in the run's table, write both files and the stage's detail; return the rows."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    rows = upsert(read_rows(run_dir), StageRow.from_result(result))
+    rows = with_paired_tests(upsert(read_rows(run_dir), StageRow.from_result(result)))
     write_table(run_dir, rows)
     detail = stage_paths(run_dir, result.stage)
     detail[0].parent.mkdir(exist_ok=True)
@@ -148,24 +191,29 @@ def write_table(run_dir: Path, rows: list[StageRow]) -> None:
 
 
 def render_markdown(rows: list[StageRow]) -> str:
-    """The table as Markdown: rates as percentages, intervals in brackets, wall time in seconds, '-' for unknown.
+    """The table as Markdown: rates as percentages, intervals in brackets, the paired test against the row above
+    (wins/losses of the pairs, exact p), wall time in seconds, '-' for unknown.
 
     >>> row = StageRow("sft", 4, 3, 0.75, 0.3006, 0.9544, 0.8, 0.5, 1.1, 12.34)
     >>> render_markdown([row]).splitlines()[2]
-    '| sft | first | 4 | 75.0% (3/4) | [30.1%, 95.4%] | - | 0.800 [0.500, 1.100] | - | - | 12.3 |'
+    '| sft | first | 4 | 75.0% (3/4) | [30.1%, 95.4%] | - | - | - | 0.800 [0.500, 1.100] | - | - | 12.3 |'
     """
     lines = [
-        "| stage | selection | tasks | success rate | 95% CI | pass@1 | mean reward [95% CI] | model calls | tokens "
-        "| wall time (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| stage | selection | tasks | success rate | 95% CI | vs previous: wins/losses | exact p | pass@1 "
+        "| mean reward [95% CI] | model calls | tokens | wall time (s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row.stage} | {row.selection} | {row.tasks} | {row.success_rate:.1%} ({row.successes}/{row.tasks}) "
-            f"| [{row.success_ci_low:.1%}, {row.success_ci_high:.1%}] | {_percent(row.pass_at_1)} "
-            f"| {row.mean_reward:.3f} {_interval(row.reward_ci_low, row.reward_ci_high)}"
+            f"| [{row.success_ci_low:.1%}, {row.success_ci_high:.1%}] | {_paired(row)} | {p_value_text(row.p_value)} "
+            f"| {_percent(row.pass_at_1)} | {row.mean_reward:.3f} {_interval(row.reward_ci_low, row.reward_ci_high)}"
             f"| {_count(row.model_calls)} | {_count(row.total_tokens)} | {row.wall_time_s:.1f} |"
         )
+    return "\n".join(lines + _notes(rows)) + "\n"
+
+
+def _notes(rows: list[StageRow]) -> list[str]:
     notes = [_selection_note(row) for row in rows if row.samples_per_task > 1]
     notes += [
         f"- {row.stage}: {row.missing} episode(s) without outcome, counted as failures" for row in rows if row.missing
@@ -175,7 +223,35 @@ def render_markdown(rows: list[StageRow]) -> str:
         for row in rows
         if row.calls_read is not None and row.model_calls is not None and row.calls_read < row.model_calls
     ]
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+    notes += [
+        f"- {row.stage} vs {row.vs_stage}: {row.pairs} of its {row.tasks} tasks paired (the others were not evaluated "
+        "in both stages)"
+        for row in rows
+        if row.pairs is not None and row.pairs < row.tasks
+    ]
+    if any(row.p_value is not None for row in rows):
+        notes.append(
+            "- vs previous: tasks this stage solves and the stage above fails (wins) / the reverse (losses), on the "
+            "tasks both evaluated; exact p: two-sided exact McNemar test (binomial on the discordant pairs)"
+        )
+    return [""] + notes if notes else []
+
+
+def p_value_text(p: float | None) -> str:
+    """A p-value for a table: three decimals, scientific below 0.001, '-' when unknown.
+
+    >>> p_value_text(0.0390625), p_value_text(0.00001234), p_value_text(None)
+    ('0.039', '1.2e-05', '-')
+    """
+    if p is None:
+        return "-"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def _paired(row: StageRow) -> str:
+    if row.wins is None or row.losses is None:
+        return "-"
+    return f"+{row.wins}/-{row.losses} of {row.pairs}"
 
 
 def _selection_note(row: StageRow) -> str:

@@ -274,12 +274,22 @@ class StageUntil(_Strict):
     )
     topic: str | None = Field(None, min_length=1, description="This topic holds at least `count` records.")
     count: int = Field(1, ge=1, description="Records `topic` must hold.")
+    scored_by: list[str] = Field(
+        default_factory=list,
+        description="Scorer names: every trajectory (with calls) of this run published since the stage began has a "
+        "StepScore of each of them on scores (a stage that must not end before its dense rewards are in).",
+    )
 
     @model_validator(mode="after")
     def _some_condition(self) -> StageUntil:
-        if not self.exits and self.policy_version is None and self.topic is None:
-            raise ValueError("give at least one of exits, policy_version, topic")
+        if not self.exits and self.policy_version is None and self.topic is None and not self.scored_by:
+            raise ValueError("give at least one of exits, policy_version, topic, scored_by")
         return self
+
+    @property
+    def reads_bus(self) -> bool:
+        """Whether a condition is read from the bus (not only from component exits)."""
+        return self.policy_version is not None or self.topic is not None or bool(self.scored_by)
 
 
 class StageConfig(_Strict):

@@ -2,11 +2,16 @@
 
 Stages run one after another. A stage's ``components`` may start only once the stage begins (components no stage
 lists may start at once); a stage is done when every condition of its ``until`` holds: components exited 0, a
-policy version published, a topic holding enough records of this run. The bus conditions are read here, each topic
-once and incrementally, without a group, so the supervisor's loop only asks ``done``. Records are counted by reading
-them, not from offsets: on a Kafka cluster a topic is shared by every run on it and transaction markers take offsets
-too, so only records that name this run (``run_id``) count. Finished stages are recorded in ``state.json``; a
-resumed run skips the stages it already completed.
+policy version published, a topic holding enough records of this run, every trajectory of this run since the stage
+began scored by the named scorers (``scored_by``). The bus conditions are read here, each topic once and
+incrementally, without a group, so the supervisor's loop only asks ``done``. Records are counted by reading them,
+not from offsets: on a Kafka cluster a topic is shared by every run on it and transaction markers take offsets too,
+so only records that name this run (``run_id``) count. Finished stages are recorded in ``state.json``; a resumed run
+skips the stages it already completed.
+
+The components a stage starts get its start time in ``$ORCHARD_STAGE_STARTED_MS`` (``stage_env``), so a consumer
+group new in that stage can begin there (``orchard consumer run --start stage``) rather than at the beginning of its
+topics. A resumed stage keeps the time it first started (``first_started_at`` in ``state.json``).
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchard.bus import Bus, Consumer, Record, open_bus
+from consumers.start import STAGE_STARTED_ENV
+from consumers.trajectory_records import decode_calls, resolvable_calls
+from orchard.bus import Bus, Consumer, Record, TopicPartition, open_bus
 from orchard.codec import Codec
 from orchard.config import BusConfig
 from orchard.logging import get_logger
 from orchard.run.config import RunConfig, StageConfig
 from orchard.serialization_errors import SerializationError
-from orchard.topics import POLICY_VERSIONS
+from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, SCORES, TRAJECTORIES
 
 log = get_logger("run.stages")
 
@@ -40,23 +47,35 @@ class StageState:
     started_at: float | None = None
     ended_at: float | None = None
     deadline: float | None = None  # monotonic
+    first_started_at: float | None = None  # the first start, kept across resumes (what ``stage_env`` passes on)
+
+    @property
+    def since_ms(self) -> int | None:
+        """The stage's first start in milliseconds since the epoch (None before it started)."""
+        first = self.first_started_at or self.started_at
+        return None if first is None else int(first * 1000)
 
     def public(self) -> dict[str, Any]:
         """The stage as written to ``state.json``."""
         return {**self.config.model_dump(mode="json", exclude_none=True), "status": self.status,
-                "started_at": self.started_at, "ended_at": self.ended_at}  # fmt: skip
+                "started_at": self.started_at, "ended_at": self.ended_at,
+                "first_started_at": self.first_started_at}  # fmt: skip
 
 
 class BusProbe:
-    """Reads the run's bus for stage conditions: records of this run on a topic, and its newest policy version."""
+    """Reads the run's bus for stage conditions: records of this run on a topic, its newest policy version, and
+    which of its trajectories since a stage began are not scored yet."""
 
     def __init__(self, bus_config: BusConfig, run_id: str) -> None:
         self.bus_config, self.run_id = bus_config, run_id
         self._bus: Bus | None = None
-        self._readers: dict[str, Consumer] = {}
+        self._readers: dict[tuple[str, int | None], Consumer] = {}  # (topic, from when; None: the start)
         self._counts: dict[str, int] = {}
         self._codec = Codec.default()
         self.newest_version: int | None = None
+        self._trajectories: set[str] = set()  # episodes with calls whose trajectory came since ``scored_since``
+        self._scored: dict[str, set[str]] = {}  # scorer -> episodes it scored
+        self._scored_since: int | None = None
 
     def count(self, topic: str) -> int:
         """Records of this run on ``topic`` so far (0 while it does not exist).
@@ -64,7 +83,7 @@ class BusProbe:
         A record counts unless it decodes to a record naming another run. Each call reads on from where the last
         one stopped, for at most ``READ_BUDGET_S``, so a long topic does not stall the supervisor's loop.
         """
-        if topic not in self._readers and topic not in set(self._open().list_topics()):
+        if (topic, None) not in self._readers and topic not in set(self._open().list_topics()):
             return 0
         for record in self._read(topic):
             try:
@@ -77,7 +96,7 @@ class BusProbe:
 
     def policy_version(self) -> int | None:
         """The highest ``PolicyVersion.version`` of this run published so far."""
-        if POLICY_VERSIONS not in self._readers:
+        if (POLICY_VERSIONS, None) not in self._readers:
             self._open().create_topic(POLICY_VERSIONS, exist_ok=True)
         for record in self._read(POLICY_VERSIONS):
             try:
@@ -89,6 +108,52 @@ class BusProbe:
                 self.newest_version = max(version, self.newest_version or version)
         return self.newest_version
 
+    def unscored(self, scorers: list[str], since_ms: int) -> list[str] | None:
+        """Episodes of this run whose trajectory was published at or after ``since_ms`` and that some of ``scorers``
+        has not handled yet; None while a topic is not read to its end (an episode not read yet cannot be said to be
+        scored).
+
+        A scorer has handled a trajectory once it published a ``StepScore`` for it (a reward consumer publishes at
+        least one, an abstention if nothing else), or once its consumer group (``reward-<scorer>``, as
+        ``orchard consumer run`` names it) dead-lettered it. A trajectory the reward consumer skips (no calls it
+        can rebuild steps from) is not waited for.
+        """
+        if self._scored_since != since_ms:  # another stage: start over from its start
+            self._trajectories, self._scored, self._scored_since = set(), {}, since_ms
+        for topic in (TRAJECTORIES, SCORES, DEAD_LETTERS):
+            if (topic, since_ms) not in self._readers:
+                self._open().create_topic(topic, exist_ok=True)  # a reader needs its topic
+        for record in self._decoded(TRAJECTORIES, since_ms, "Trajectory"):
+            if self._scorable(record):
+                self._trajectories.add(str(record["episode_id"]))
+        for record in self._decoded(SCORES, since_ms, "StepScore"):
+            self._scored.setdefault(str(record["scorer"]), set()).add(str(record["episode_id"]))
+        for scorer, episode_id in self._dead_lettered(since_ms):
+            self._scored.setdefault(scorer, set()).add(episode_id)
+        if not all(self._caught_up(topic, since_ms) for topic in (TRAJECTORIES, SCORES, DEAD_LETTERS)):
+            return None
+        return sorted(e for e in self._trajectories if any(e not in self._scored.get(s, set()) for s in scorers))
+
+    def _scorable(self, record: Mapping[str, Any]) -> bool:
+        """Whether the reward consumer scores this trajectory: it has calls, and (if incomplete) some it can use."""
+        if not record["calls"] or record["complete"]:
+            return bool(record["calls"])
+        try:
+            return bool(resolvable_calls(decode_calls(record, self._codec)))
+        except SerializationError:
+            return False  # the reward consumer cannot rebuild it either: it dead-letters it
+
+    def _dead_lettered(self, since_ms: int) -> Iterator[tuple[str, str]]:
+        """(scorer, episode id) of the trajectories reward consumers dead-lettered since ``since_ms``."""
+        for record in self._read(DEAD_LETTERS, since_ms):
+            try:
+                letter = self._codec.decode(record.value).record
+            except SerializationError:
+                continue
+            group, key = str(letter.get("consumer_group", "")), letter.get("source_key")
+            if letter.get("source_topic") == TRAJECTORIES and "reward-" in group and key:
+                yield group.rsplit("reward-", 1)[1], bytes(key).decode("utf-8", "replace")
+
     def close(self) -> None:
         """Close the readers and the bus."""
         for reader in self._readers.values():
@@ -97,11 +162,31 @@ class BusProbe:
         if self._bus is not None:
             self._bus.close()
 
-    def _read(self, topic: str) -> Iterator[Record]:
-        """The records of ``topic`` not read yet (for up to ``READ_BUDGET_S``), from the start, without a group."""
-        reader = self._readers.get(topic)
+    def _decoded(self, topic: str, since_ms: int, schema: str) -> Iterator[dict[str, Any]]:
+        """This run's ``schema`` records on ``topic`` not read yet, from the first one at or after ``since_ms``."""
+        for record in self._read(topic, since_ms):
+            try:
+                decoded = self._codec.decode(record.value)
+            except SerializationError:
+                continue
+            if decoded.name == schema and decoded.record.get("run_id") == self.run_id:
+                yield decoded.record
+
+    def _caught_up(self, topic: str, since_ms: int) -> bool:
+        """Whether the reader of ``topic`` from ``since_ms`` is at the end of every partition. Exact on both
+        backends: a Kafka consumer's position moves past transaction markers, and is its start offset until it
+        fetched."""
+        positions = self._readers[(topic, since_ms)].position()
+        ends = self._open().describe_topic(topic).end_offsets
+        return all(positions.get(TopicPartition(topic, p), -1) >= end for p, end in ends.items())
+
+    def _read(self, topic: str, since_ms: int | None = None) -> Iterator[Record]:
+        """The records of ``topic`` not read yet (for up to ``READ_BUDGET_S``), from the start or from the first
+        record at or after ``since_ms``, without a group."""
+        reader = self._readers.get((topic, since_ms))
         if reader is None:
-            reader = self._readers[topic] = self._open().consumer([topic], group=None, start="earliest")
+            start = "earliest" if since_ms is None else since_ms
+            reader = self._readers[(topic, since_ms)] = self._open().consumer([topic], group=None, start=start)
         budget_end = time.monotonic() + READ_BUDGET_S
         while time.monotonic() < budget_end and (records := reader.poll(max_records=100, timeout_s=0.05)):
             yield from records
@@ -121,8 +206,9 @@ class StageRunner:
         self.config, self.probe = config, probe
         self.stages = [StageState(stage) for stage in config.stages]
         for stage in self.stages:  # a resumed run keeps what it finished
-            previous = (completed or {}).get(stage.config.name)
-            if previous and previous.get("status") == "completed":
+            previous = (completed or {}).get(stage.config.name) or {}
+            stage.first_started_at = previous.get("first_started_at") or previous.get("started_at")
+            if previous.get("status") == "completed":
                 stage.status, stage.started_at, stage.ended_at = (
                     "completed",
                     previous.get("started_at"),
@@ -131,6 +217,7 @@ class StageRunner:
         self._staged = config.staged()
         self._enabled: set[str] = set()
         self._probed_at = 0.0
+        self._waiting: int | None = None  # unscored episodes last logged
 
     @property
     def current(self) -> StageState | None:
@@ -145,6 +232,14 @@ class StageRunner:
     def may_start(self, name: str) -> bool:
         """Whether component ``name`` may be started now."""
         return name not in self._staged or name in self._enabled
+
+    def stage_env(self, name: str) -> dict[str, str]:
+        """What component ``name``, started now, learns of the running stage that lists it: its first start time
+        (``$ORCHARD_STAGE_STARTED_MS``) and its name (``$ORCHARD_STAGE``); nothing outside such a stage."""
+        stage = self.current
+        if stage is None or stage.status != "running" or name not in stage.config.components:
+            return {}
+        return {STAGE_STARTED_ENV: str(stage.since_ms), "ORCHARD_STAGE": stage.config.name}
 
     def check(
         self,
@@ -161,12 +256,13 @@ class StageRunner:
             return None
         if stage.status == "pending":
             stage.status, stage.started_at = "running", time.time()
+            stage.first_started_at = stage.first_started_at or stage.started_at
             stage.deadline = time.monotonic() + stage.config.timeout_s if stage.config.timeout_s else None
             self._enabled.update(stage.config.components)
             log.info("stage started", stage=stage.config.name, components=stage.config.components)
             begin(stage.config)
             return None
-        if self._done(stage.config, statuses):
+        if self._done(stage, statuses):
             stage.status, stage.ended_at = "completed", time.time()
             log.info("stage completed", stage=stage.config.name, seconds=round(stage.ended_at - stage.started_at, 1))
             end(stage.config)
@@ -176,13 +272,14 @@ class StageRunner:
             return f"stage {stage.config.name} not done within {stage.config.timeout_s:g} s"
         return None
 
-    def _done(self, stage: StageConfig, statuses: Mapping[str, str]) -> bool:
+    def _done(self, state: StageState, statuses: Mapping[str, str]) -> bool:
+        stage = state.config
         if stage.until is None and not self.config.stage_exits(stage):
             return False  # an open-ended stage: it runs until the run is stopped
         if not all(statuses[name] == "exited" for name in self.config.stage_exits(stage)):
             return False
         until = stage.until
-        if until is None or (until.policy_version is None and until.topic is None):
+        if until is None or not until.reads_bus:
             return True
         if self.probe is None or time.monotonic() - self._probed_at < PROBE_EVERY_S:
             return False
@@ -192,11 +289,23 @@ class StageRunner:
                 return False
             if until.policy_version is not None:
                 version = self.probe.policy_version()
-                return version is not None and version >= until.policy_version
+                if version is None or version < until.policy_version:
+                    return False
+            return not until.scored_by or self._scored(state, until.scored_by)
         except Exception as exc:  # noqa: BLE001 - a bus hiccup delays the stage; it must not end the run
             log.warning("stage condition unreadable", stage=stage.name, error=f"{type(exc).__name__}: {exc}")
             return False
-        return True
+
+    def _scored(self, state: StageState, scorers: list[str]) -> bool:
+        """Whether every trajectory since the stage began has a score of each of ``scorers`` (logged while not)."""
+        if self.probe is None or state.since_ms is None:
+            return False
+        waiting = self.probe.unscored(scorers, state.since_ms)
+        if waiting and len(waiting) != self._waiting:
+            log.info("stage waiting for scores", stage=state.config.name, scorers=scorers, episodes=len(waiting),
+                     first=waiting[:3])  # fmt: skip
+        self._waiting = None if waiting is None else len(waiting)
+        return waiting == []
 
     def public(self) -> list[dict[str, Any]]:
         """Every stage as written to ``state.json``."""

@@ -232,7 +232,8 @@ class Supervisor:
                   "attempt": state.restarts + 1, "run_start": self.starts, "time": time.time()}  # fmt: skip
         logfile.write((json.dumps(header) + "\n").encode())
         logfile.flush()
-        state.process = self._popen(state.command, {**self.env, **spec.env}, logfile)
+        env = {**self.env, **spec.env, **self.stages.stage_env(state.name)}  # the stage's start, for --start stage
+        state.process = self._popen(state.command, env, logfile)
         logfile.close()  # the child holds its own descriptor
         state.pid, state.exit_code, state.started_at = state.process.pid, None, time.time()
         state.deadline = time.monotonic() + spec.start_timeout_s

@@ -11,7 +11,8 @@ Signals (all 0 or 1, except ``progress``):
 ==================  ==========================================================================================
 ``answer_written``  ``answer.txt`` exists and is not blank
 ``answer_format``   its stripped content is one value, written as the values are (three digits)
-``right_file``      it contains a value of the file the task named: the right file was read (values are unique
+``right_file``      it holds exactly one number, a value of the file the task named: the right file was read
+                    (an answer listing many numbers earns nothing for them; values are unique
                     within a task, so a copied value says which file it came from)
 ``answer_correct``  its stripped content is the reference value (the exit status says the same)
 ``progress``        partial credit in [0, 1]: 1.0 when correct, else ``0.3 * right_file + 0.2 * answer_format``
@@ -53,7 +54,8 @@ def score(answer: str | None, reference: Mapping[str, Any]) -> dict[str, float]:
     target_values = set(reference["files"][reference["file"]].values())
     written = bool(text)
     well_formed = bool(VALUE_PATTERN.match(text))
-    right_file = any(number in target_values for number in NUMBER.findall(text))
+    numbers = NUMBER.findall(text)
+    right_file = len(numbers) == 1 and numbers[0] in target_values  # one value: a list of every number earns nothing
     correct = text == reference["answer"]
     progress = 1.0 if correct else RIGHT_FILE_CREDIT * right_file + FORMAT_CREDIT * well_formed
     return {

@@ -13,6 +13,7 @@ import pytest
 
 from orchard.bus import (
     Bus,
+    BusError,
     Consumer,
     Record,
     RecordTooLargeError,
@@ -239,3 +240,83 @@ def test_a_group_member_seeks_within_its_assignment(bus: Bus, unique_name: Calla
     member.commit()
     assert member.committed() == {TopicPartition(name, 0): 8}
     member.close()
+
+
+def produce_timed(bus: Bus, topic: str, base_ms: int, indices: range, partitions: int = 2) -> None:
+    """Records ``m<i>`` with timestamps ``base_ms + i * 1000``, spread over the partitions."""
+    producer = bus.producer()
+    for i in indices:
+        producer.produce(topic, f"m{i}".encode(), partition=i % partitions, timestamp_ms=base_ms + i * 1000)
+    producer.flush()
+
+
+def values(records: list[Record]) -> list[bytes]:
+    return sorted(r.value for r in records)
+
+
+def test_a_new_group_starts_at_its_start_position_and_a_committed_offset_wins(
+    bus: Bus, unique_name: Callable[[str], str]
+) -> None:
+    name = unique_name("start")
+    bus.create_topic(name, partitions=2)
+    base = int(time.time() * 1000) - 100_000
+    produce_timed(bus, name, base, range(10))
+
+    with bus.consumer([name], unique_name("earliest"), start="earliest") as earliest:
+        assert values(drain(earliest, 10)) == sorted(f"m{i}".encode() for i in range(10))
+    timed = bus.consumer([name], group := unique_name("timed"), start=base + 4500)
+    assert values(drain(timed, 5)) == [b"m5", b"m6", b"m7", b"m8", b"m9"]
+    timed.commit()
+    timed.close()
+    produce_timed(bus, name, base, range(10, 12))
+    for start in ("earliest", base):  # the group has committed offsets: its start position no longer matters
+        with bus.consumer([name], group, start=start) as resumed:
+            assert values(drain(resumed, 2)) == [b"m10", b"m11"]
+
+    latest = bus.consumer([name], unique_name("latest"), start="latest")
+    wait_for_assignment([latest], total=2)
+    produce_timed(bus, name, base, range(12, 14))
+    assert values(drain(latest, 2)) == [b"m12", b"m13"]
+    latest.close()
+
+
+def test_a_group_started_after_every_record_reads_only_what_comes_later(
+    bus: Bus, unique_name: Callable[[str], str]
+) -> None:
+    """The stage-start case: a consumer group that first starts at time T skips the backlog before T, and misses
+    nothing produced from T on, even a record that arrives before the group's first assignment."""
+    name = unique_name("stage")
+    bus.create_topic(name, partitions=2)
+    base = int(time.time() * 1000) - 100_000
+    produce_timed(bus, name, base, range(6))
+    stage_start = base + 6000
+    produce_timed(bus, name, base, range(6, 7))  # after the stage began, before its consumer exists
+    consumer = bus.consumer([name], unique_name("scorer"), start=stage_start)
+    produce_timed(bus, name, base, range(7, 9))
+
+    assert values(drain(consumer, 3)) == [b"m6", b"m7", b"m8"]
+    consumer.close()
+
+
+def test_a_reader_without_a_group_starts_at_a_time_on_every_partition(
+    bus: Bus, unique_name: Callable[[str], str]
+) -> None:
+    name = unique_name("tread")
+    bus.create_topic(name, partitions=3)
+    base = int(time.time() * 1000) - 100_000
+    produce_timed(bus, name, base, range(9), partitions=3)
+
+    with bus.consumer([name], start=base + 2500) as reader:
+        assert values(drain(reader, 6)) == [f"m{i}".encode() for i in range(3, 9)]
+    with bus.consumer([name], start=base + 60_000) as reader:  # after every record: the partitions' ends
+        assert drain(reader, 0, timeout_s=1.0) == []
+        produce_timed(bus, name, base, range(60, 61), partitions=3)
+        assert values(drain(reader, 1)) == [b"m60"]
+
+
+@pytest.mark.parametrize("start", [-1, True, "middle", 1.5])
+def test_an_invalid_start_position_is_refused(bus: Bus, unique_name: Callable[[str], str], start: object) -> None:
+    name = unique_name("bad")
+    bus.create_topic(name, partitions=1)
+    with pytest.raises(BusError, match="consumer start"):
+        bus.consumer([name], unique_name("g"), start=start)  # type: ignore[arg-type]

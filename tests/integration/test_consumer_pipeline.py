@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from consumers.assembler import TrajectoryAssembler
 from consumers.config import AssemblerConfig, RuntimeConfig
 from consumers.replay import ReplayError, replay
 from consumers.runtime import ConsumerRuntime, read_topic
+from consumers.start import STAGE_STARTED_ENV
 from consumers.synthetic import CapturedRecord, interleaved, synthetic_episode
-from consumers.trajectory_records import trajectory_from_record
+from consumers.trajectory_records import trajectory_from_record, trajectory_record
 from orchard.bus import Bus, Record
 from orchard.codec import Codec
 from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
@@ -130,6 +132,49 @@ def test_a_plugin_reward_in_a_user_module_runs_through_the_cli(
     assert sorted((s["episode_id"], s["call_index"], s["scorer"], s["score"]) for s in scores) == [
         (e.episode_id, i, "token_count", 120.0) for e in episodes for i in range(3)
     ]
+
+
+def publish_trajectories(bus: Bus, topic: str, episode_ids: list[str], timestamp_ms: int) -> None:
+    """Assembled trajectories of synthetic 2-call episodes, published at ``timestamp_ms`` (bus record time)."""
+    bus.create_topic(topic, 4, exist_ok=True)
+    producer = bus.producer()
+    for i, episode_id in enumerate(episode_ids):
+        episode = synthetic_episode(episode_id, calls=2, seed=i)
+        record = trajectory_record(
+            run_id="synthetic", episode_id=episode_id, task_id="t", calls=[c.value for c in episode.calls],
+            outcome=episode.outcome.value, outcome_fields=CODEC.decode(episode.outcome.value).record,
+            policy_version=1, timestamp_ms=timestamp_ms,
+        )  # fmt: skip
+        producer.produce(topic, CODEC.encode("Trajectory", record), episode_id.encode(), timestamp_ms=timestamp_ms)
+    producer.flush()
+
+
+def test_a_reward_consumer_started_in_a_stage_scores_only_that_stages_trajectories(
+    bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str], tmp_path: Path
+) -> None:
+    """``orchard consumer run ... --start stage``: a new group skips the trajectories of earlier stages and starts at
+    ``$ORCHARD_STAGE_STARTED_MS`` (what ``orchard run`` passes); once it has committed, it resumes from its commits."""
+    namespace = unique_name("stage")
+    stage_started = int(time.time() * 1000) - 60_000
+    publish_trajectories(bus, f"{namespace}.trajectories", ["old-0", "old-1", "old-2"], stage_started - 30_000)
+    publish_trajectories(bus, f"{namespace}.trajectories", ["new-0", "new-1"], stage_started + 1_000)
+    (tmp_path / "tests_module.py").write_text(textwrap.dedent(PLUGIN_MODULE))
+    command = [str(ORCHARD), "consumer", "run", "tests_module:Reward", "--namespace", namespace,
+               "--instance", "stage-test", "--idle-exit", str(idle_exit(bus_config)), "--start", "stage"]  # fmt: skip
+
+    refused = subprocess.run(command, cwd=tmp_path, env=cli_env(bus_config), capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert refused.returncode != 0 and "ORCHARD_STAGE_STARTED_MS" in refused.stderr + refused.stdout
+    env = cli_env(bus_config) | {"ORCHARD_STAGE_STARTED_MS": str(stage_started)}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted({s["episode_id"] for s in decoded(bus, f"{namespace}.scores")}) == ["new-0", "new-1"]
+
+    publish_trajectories(bus, f"{namespace}.trajectories", ["late-0"], stage_started - 50_000)  # an old timestamp
+    env[STAGE_STARTED_ENV] = str(stage_started + 3_600_000)  # committed offsets win over any start position
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted({s["episode_id"] for s in decoded(bus, f"{namespace}.scores")}) == ["late-0", "new-0", "new-1"]
 
 
 def test_replay_is_deterministic_and_never_writes_the_originals(

@@ -133,7 +133,7 @@ def test_heldout_evaluation_through_env_writes_the_stage_success_rate_and_wilson
     assert (stages[0]["success_ci_low"], stages[0]["success_ci_high"]) == (low, high)
     assert stages[0]["mean_reward"] == 0.5
     assert 0 < stages[0]["wall_time_s"] < 120
-    assert "| sft | first | 4 | 50.0% (2/4) | [15.0%, 85.0%] | 50.0% |" in (run_dir / "results.md").read_text()
+    assert "| sft | first | 4 | 50.0% (2/4) | [15.0%, 85.0%] | - | - | 50.0% |" in (run_dir / "results.md").read_text()
     assert "by repo" in result.output  # every task has a repo label: the default breakdown
     detail = json.loads((run_dir / "eval" / "sft.json").read_text())
     assert [t["episodes"][0]["status"] for t in detail["tasks"]] == ["SUCCEEDED", "FAILED", "SUCCEEDED", "FAILED"]

@@ -24,6 +24,7 @@ from orchard.bus.base import (
     TopicInfo,
     TopicPartition,
     TransactionalProducer,
+    check_start,
     partition_for_key,
 )
 from orchard.bus.embedded.groups import GroupMembership, GroupOffsets
@@ -192,7 +193,7 @@ class EmbeddedBus(Bus):
             self.partitions(topic)  # fail now on a missing topic
         if group is not None:
             self.transactions.settle_all()  # committed offsets must include any interrupted transaction
-        return EmbeddedConsumer(self, list(topics), group, start=start, instance_id=instance_id)
+        return EmbeddedConsumer(self, list(topics), group, start=check_start(start), instance_id=instance_id)
 
     def close(self) -> None:
         """Nothing to release: every handle is opened per operation."""
@@ -430,7 +431,11 @@ class EmbeddedConsumer(Consumer):
         if tp in committed:
             return committed[tp]
         partition_log = self.bus.log_for(tp)
-        return partition_log.start_offset() if self.start == "earliest" else partition_log.end_offset()
+        if self.start == "earliest":
+            return partition_log.start_offset()
+        if self.start == "latest":
+            return partition_log.end_offset()
+        return partition_log.offset_for_timestamp(self.start)
 
     def _check_open(self) -> None:
         if self._closed:

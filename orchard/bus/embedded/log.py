@@ -229,7 +229,12 @@ class PartitionLog:
         return out
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
-        """First offset whose timestamp (as a running maximum) is at or after ``timestamp_ms``, else the end."""
+        """First offset whose timestamp (as a running maximum) is at or after ``timestamp_ms``, else the end.
+
+        The end is read before the search: a record appended meanwhile is then either found or at/after that end,
+        so a consumer starting here never skips a record at or after ``timestamp_ms``.
+        """
+        end = self.end_offset()
         for base in self._refresh_segments():
             _, index_path = self._paths(base)
             try:
@@ -246,7 +251,7 @@ class PartitionLog:
                     lo = mid + 1
             if lo < entries:
                 return base + lo
-        return self.end_offset()
+        return end
 
     def records_with_tag(self, start: int, tag: int) -> int:
         """How many records written by transaction ``tag`` exist from offset ``start`` on."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from consumers.credit import CreditConfig
 from consumers.processor import Input, RecordRejected
@@ -209,6 +210,16 @@ def test_group_relative_advantages_apply_to_exactly_the_completion_tokens() -> N
     assert (first["kind"], first["policy_version"], first["reward"], first["group_id"]) == ("RL", 5, 1.0, "g1")
     assert first["created_at"] == 1003  # the close time: the last member's arrival (event time)
     assert builder.stats["groups"] == 1
+
+
+def test_the_sample_std_of_trls_grpo_is_a_setting() -> None:
+    config = SampleBuilderConfig(group_size=4, advantage_ddof=1, advantage_eps=1e-4)
+    inputs = [episode(f"e{i}", reward=r, timestamp=1000 + i) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+    out, _ = drive(config, inputs)
+    expected = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # (r - mean) / (sample std + eps)
+    assert [arrays(s)[2][-1] for s in out] == [round(x, 4) for x in (expected, -expected, -expected, expected)]
+    with pytest.raises(ValidationError):
+        SampleBuilderConfig(advantage_ddof=2)
 
 
 def test_a_group_with_equal_rewards_carries_no_outcome_signal() -> None:

@@ -872,3 +872,10 @@ def test_no_agent_process_survives_into_grading(sandbox: LocalSandbox) -> None:
 def test_grader_files_cannot_leave_their_directory(sandbox: LocalSandbox) -> None:
     with pytest.raises(InvalidSandboxRequestError):
         sandbox.run_grader({"../escape.py": b"x"}, "true", timeout_s=10)
+
+
+def test_a_recursive_listing_survives_thousands_of_nested_directories(sandbox: LocalSandbox) -> None:
+    made = sandbox.exec("i=0; while [ $i -lt 1500 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done", timeout_s=120)
+    assert made.exit_code == 0, made.stderr
+    entries = sandbox.list_files(".", recursive=True)
+    assert 200 < len(entries) < 1500 and entries[1].path == "d"  # cut at the depth limit, no RecursionError

@@ -87,13 +87,16 @@ def test_json_and_markdown_hold_the_same_rows(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert set(data["stages"][0]) == {field for field in StageRow.__dataclass_fields__}
     assert (tmp_path / "results.md").read_text() == (
-        "| stage | selection | tasks | success rate | 95% CI | pass@1 | mean reward [95% CI] | model calls | tokens "
-        "| wall time (s) |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-        "| base | first | 4 | 0.0% (0/4) | [0.0%, 49.0%] | 0.0% | 0.000 [0.000, 0.000] | - | - | 3.2 |\n"
-        "| sft | first | 4 | 50.0% (2/4) | [15.0%, 85.0%] | 50.0% | 0.500 [-0.066, 1.066] | - | - | 12.5 |\n"
+        "| stage | selection | tasks | success rate | 95% CI | vs previous: wins/losses | exact p | pass@1 "
+        "| mean reward [95% CI] | model calls | tokens | wall time (s) |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| base | first | 4 | 0.0% (0/4) | [0.0%, 49.0%] | - | - | 0.0% | 0.000 [0.000, 0.000] | - | - | 3.2 |\n"
+        "| sft | first | 4 | 50.0% (2/4) | [15.0%, 85.0%] | +2/-0 of 4 | 0.500 | 50.0% | 0.500 [-0.066, 1.066] "
+        "| - | - | 12.5 |\n"
         "\n"
         "- sft: 1 episode(s) without outcome, counted as failures\n"
+        "- vs previous: tasks this stage solves and the stage above fails (wins) / the reverse (losses), on the "
+        "tasks both evaluated; exact p: two-sided exact McNemar test (binomial on the discordant pairs)\n"
     )
     detail = json.loads((tmp_path / "eval" / "sft.json").read_text())
     assert [t["task_id"] for t in detail["tasks"]] == ["t0", "t1", "t2", "t3"]
@@ -141,7 +144,8 @@ def test_a_pass_at_k_row_says_how_it_was_obtained_and_what_it_cost(
     assert (row.model_calls, row.calls_read, row.prompt_tokens, row.completion_tokens) == (18, 18, 1200, 34)
     assert row.episode_time_s == 6.0
     assert render_markdown(rows).splitlines()[2:] == [
-        "| pass2 | pass@2 | 3 | 66.7% (2/3) | [20.8%, 93.9%] | 33.3% | 0.667 [0.013, 1.320] | 18 | 1,234 | 7.2 |",
+        "| pass2 | pass@2 | 3 | 66.7% (2/3) | [20.8%, 93.9%] | - | - | 33.3% | 0.667 [0.013, 1.320] | 18 | 1,234 "
+        "| 7.2 |",
         "",
         "- pass2: 2 attempts per task, solved when any succeeds (pass@2); pass@1 over all attempts",
     ]
@@ -214,8 +218,8 @@ def test_rows_of_an_older_table_read_back_with_their_selection_inferred_and_unkn
         ("base", "first", None, None, None), ("rerank", "rerank@4", None, None, None),
     ]  # fmt: skip
     assert render_markdown(rows).splitlines()[2:] == [
-        "| base | first | 2 | 50.0% (1/2) | [10.0%, 90.0%] | - | 0.500 | - | - | 3.0 |",
-        "| rerank | rerank@4 | 2 | 50.0% (1/2) | [10.0%, 90.0%] | - | 0.500 | - | - | 3.0 |",
+        "| base | first | 2 | 50.0% (1/2) | [10.0%, 90.0%] | - | - | - | 0.500 | - | - | 3.0 |",
+        "| rerank | rerank@4 | 2 | 50.0% (1/2) | [10.0%, 90.0%] | - | - | - | 0.500 | - | - | 3.0 |",
         "",
         "- rerank: 4 attempts per task, the value model picks the one that counts",
     ]

@@ -22,7 +22,7 @@ def test_the_claw_agent_runs_from_the_shipped_modules_with_the_token_in_its_envi
     assert isinstance(adapter, ClawAgentAdapter)
     shell, flag, script = adapter.command(ENDPOINT, TASK)
     assert (shell, flag) == ("/bin/sh", "-c")
-    assert script.startswith('export PYTHONPATH="${HOME:?}"/.orchard/harness/claw/src; exec /venv/bin/python -m ')
+    assert script.startswith('export PYTHONPATH="${HOME:?}"/.orchard/harness/claw/src; exec /venv/bin/python -P -m ')
     assert "recipes.claw.agent" in script and "--max-steps 12" in script and "--temperature 0.5" in script
     assert "tok-secret" not in script
     assert adapter.environment(ENDPOINT, TASK)["OPENAI_API_KEY"] == "tok-secret"
