@@ -1,6 +1,9 @@
 """Typed configuration: pydantic models loadable from YAML and ``ORCHARD_*`` environment variables.
 
-Backends are chosen by a ``type``-tagged union, so a bad value fails at start with the field named.
+Backends are chosen by a ``type``-tagged union, so a bad value fails at start with the field named. A backend's
+settings without a ``type`` mean the default backend (``ORCHARD_BUS__PATH=/data/bus`` alone is an embedded bus); when
+they name fields only another backend has, the error says which ``type`` to set (``ORCHARD_BUS__BOOTSTRAP_SERVERS``
+alone: set ``ORCHARD_BUS__TYPE=kafka``).
 Secrets (S3 keys) are ``SecretStr`` and are meant to come from the environment, never from files in git.
 Nested fields are set from the environment with ``__``: ``ORCHARD_BUS__TYPE=kafka``,
 ``ORCHARD_BUS__BOOTSTRAP_SERVERS=host:9092``, ``ORCHARD_STORE__SECRET_KEY=...``.
@@ -12,7 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from consumers.config import ConsumersConfig
@@ -23,6 +27,45 @@ DEFAULT_HOME = Path(".orchard")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _tag(variant: type[BaseModel]) -> str:
+    return str(variant.model_fields["type"].default)
+
+
+def default_type(*variants: type[BaseModel]) -> BeforeValidator:
+    """For a union of ``variants`` keyed by ``type``: settings without a ``type`` are the first variant's, unless
+    they name fields only another variant has; then the error says which ``type`` to set.
+
+    >>> fill = default_type(EmbeddedBusConfig, KafkaBusConfig).func
+    >>> fill({"path": "/data/bus"}, None)
+    {'type': 'embedded', 'path': '/data/bus'}
+    """
+    default, others = variants[0], variants[1:]
+
+    def fill(value: Any, info: ValidationInfo | None) -> Any:
+        if not isinstance(value, dict) or "type" in value:
+            return value
+        foreign = sorted(set(value) - set(default.model_fields))
+        owners = [_tag(v) for v in others if foreign and set(foreign) <= set(v.model_fields)]
+        if not owners:
+            return {"type": _tag(default), **value}  # unknown fields are then reported by the default variant
+        field = info.field_name if info is not None and info.field_name else "type"
+        raise PydanticCustomError(
+            "missing_type",
+            "'type' is missing: {fields} {verb} of type {types}, not of the default type '{default}'; "
+            "set type: {first} (environment: ORCHARD_{env}__TYPE={first})",
+            {
+                "fields": ", ".join(foreign),
+                "verb": "is a setting" if len(foreign) == 1 else "are settings",
+                "default": _tag(default),
+                "types": " or ".join(repr(owner) for owner in owners),
+                "first": owners[0],
+                "env": field.upper(),
+            },
+        )
+
+    return BeforeValidator(fill)
 
 
 class EmbeddedBusConfig(_Strict):
@@ -61,7 +104,9 @@ class KafkaBusConfig(_Strict):
     )
 
 
-BusConfig = Annotated[EmbeddedBusConfig | KafkaBusConfig, Field(discriminator="type")]
+BusConfig = Annotated[
+    EmbeddedBusConfig | KafkaBusConfig, Field(discriminator="type"), default_type(EmbeddedBusConfig, KafkaBusConfig)
+]
 
 
 class LocalStoreConfig(_Strict):
@@ -89,7 +134,9 @@ class S3StoreConfig(_Strict):
     retries: int = Field(2, ge=0, le=10, description="Retries of a failed HTTP request before giving up.")
 
 
-StoreConfig = Annotated[LocalStoreConfig | S3StoreConfig, Field(discriminator="type")]
+StoreConfig = Annotated[
+    LocalStoreConfig | S3StoreConfig, Field(discriminator="type"), default_type(LocalStoreConfig, S3StoreConfig)
+]
 
 
 class OrchardConfig(BaseSettings):

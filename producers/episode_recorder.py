@@ -68,6 +68,7 @@ class EpisodeRecorder:
         finish_reason: str = "stop",
         latency_ms: float = 0.0,
         api_flavour: Literal["CHAT", "RESPONSES"] = "CHAT",
+        harness_api: Literal["CHAT", "RESPONSES", "MESSAGES"] | None = None,
         conversation_id: int = 0,
         timestamp_ms: int | None = None,
         model: str | None = None,
@@ -77,7 +78,8 @@ class EpisodeRecorder:
 
         ``timestamp_ms``: when the request was received (default: now); ``model``: the model the request named
         (default: the episode's); ``retokenized``: the token ids come from tokenizing text afterwards (imported
-        data), not from the engine's sampling, so ``logprobs`` is empty.
+        data), not from the engine's sampling, so ``logprobs`` is empty. ``harness_api``: the API the harness spoke
+        (default: ``api_flavour``, the form the messages are recorded in; MESSAGES is recorded in CHAT form).
         """
         index = self.calls
         delta = self._encoder.encode(
@@ -89,6 +91,7 @@ class EpisodeRecorder:
             "conversation_id": conversation_id,
             "harness": self.harness,
             "api_flavour": api_flavour,
+            "harness_api": harness_api or api_flavour,
             "model": self.model if model is None else model,
             "policy_version": policy_version,
             "request_messages_json": json.dumps(delta.new_messages),

@@ -1,5 +1,5 @@
 """The engine's OpenAI-compatible HTTP API: ``/v1/chat/completions``, ``/v1/responses``, ``/v1/completions``,
-``/v1/models``, ``/healthz``.
+``/v1/tokenize``, ``/v1/models``, ``/healthz``.
 
 ``create_engine_app(engine)`` wraps a ``LocalEngine`` (its lifespan starts and stops the engine's worker, and the
 policy reloader when one is given). Each request is checked (``openai_requests``), rendered by the model's chat
@@ -7,7 +7,8 @@ template, queued on the scheduler and answered (``openai_output``), streamed as 
 The legacy ``/v1/completions`` takes raw prompts (text or token ids, no chat template) and, with ``echo`` and
 ``logprobs``, answers each prompt token's logprob from one forward pass (``LocalEngine.score``); ``max_tokens: 0``
 makes it a pure scoring call (vLLM answers the same request with ``max_tokens: 1``), which on-policy distillation
-sends to a teacher.
+sends to a teacher. ``/v1/tokenize`` takes a chat completions body and answers the prompt it renders to, as vLLM's
+``/tokenize`` does: ``{"count", "max_model_len", "tokens"}`` (the recording proxy's ``count_tokens`` asks it).
 Errors are OpenAI error objects: ``{"error": {"message", "type", "param", "code"}}``:
 
 =====================================  ======  ===========================
@@ -123,6 +124,13 @@ def create_engine_app(engine: LocalEngine, *, reloader: PolicyReloader | None = 
         except EngineError as exc:
             return _engine_error(exc)
 
+    @app.post("/v1/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            return JSONResponse(_tokenize(engine, await request.body()))
+        except EngineError as exc:
+            return _engine_error(exc)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         entry = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "orchard"}
@@ -167,6 +175,15 @@ async def _answer(engine: LocalEngine, request: Request, flavour: Flavour) -> Re
     if flavour == "chat":
         return JSONResponse(chat_completion(reply, completions))
     return JSONResponse(response_object(reply, Answer.of(prompt_request, completions[0])))
+
+
+def _tokenize(engine: LocalEngine, raw: bytes) -> dict[str, Any]:
+    """The prompt token ids a chat completions body renders to (nothing is generated)."""
+    body = parse_body(raw)
+    _check_model(engine, body)
+    request = chat_request(body)
+    ids = engine.render_prompt(request.messages, request.tools)
+    return {"count": len(ids), "max_model_len": engine.max_context, "tokens": ids}
 
 
 async def _complete(engine: LocalEngine, raw: bytes) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Real harnesses (Codex CLI, mini-swe-agent, the built-in agent) are driven deterministically by pointing them at this
 server: each request is answered with the next step of a ``ScriptedPlan`` (a text reply, or tool calls, with a finish
 reason); once the plan is exhausted every request is answered with ``plan.final_text``. It serves
-``/v1/chat/completions`` and ``/v1/responses`` (both streamed and not) and ``/v1/models``, and every response carries
+``/v1/chat/completions`` and ``/v1/responses`` (both streamed and not), ``/v1/tokenize`` (the prompt token ids of a
+chat body, as the local engine answers it; the plan does not advance) and ``/v1/models``, and every response carries
 the token trace of ``orchard.engines.token_trace``, exactly as a real engine's would.
 
 The plan's cursor is kept per *plan key*: the request's ``user`` field, else the ``X-Orchard-Plan-Key`` header, else
@@ -459,11 +460,28 @@ def create_scripted_app(
     async def responses(request: Request) -> Response:
         return await answer(request, "responses")
 
+    @app.post("/v1/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            body = _parse_body(await request.body())
+            items = _request_items("chat", body)
+        except ScriptedRequestError as exc:
+            return _error(400, str(exc))
+        ids = _prompt_ids(items, body.get("tools") or [], tokenizer)
+        return JSONResponse({"count": len(ids), "max_model_len": None, "tokens": ids})
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": plan.model, "object": "model", "created": 0, "owned_by": "orchard"}]}
 
     return app
+
+
+def _prompt_ids(items: list[dict[str, Any]], tools: list[Any], tokenizer: TraceTokenizer | None) -> list[int]:
+    """The prompt token ids a chat request renders to, as its trace would report them."""
+    if tokenizer is None:
+        return render(items, tools)
+    return tokenizer.chat_trace_ids(items, tools, {"role": "assistant", "content": ""})[0]
 
 
 def serve_scripted(plan_path: Path | str, host: str = "127.0.0.1", port: int = 8000, policy_version: int = 0) -> None:

@@ -6,6 +6,8 @@
 - ``/v1/chat/completions`` and ``/v1/responses``, streamed or not: each request is checked as the local engine
   checks it, sent to vLLM's chat completions asking for token ids and logprobs, and answered with the ``orchard``
   trace and the policy version it ran on (``orchard.engines.vllm_mapping``, ``orchard.engines.vllm_responses``);
+- ``/v1/tokenize``: the prompt token ids of a chat body, from vLLM's own ``/tokenize`` (what the recording proxy's
+  ``count_tokens`` asks);
 - ``/v1/models`` and ``/healthz``.
 
 Hot reload reuses ``orchard.engines.reload.PolicyReloader`` (follow ``policy-versions``, download, check every
@@ -287,6 +289,19 @@ class VLLMBackend:
         if chat:
             yield b"data: [DONE]\n\n"
 
+    async def tokenize(self, raw: bytes) -> dict[str, Any]:
+        """The prompt token ids a chat body renders to, from vLLM's ``/tokenize`` (nothing is generated)."""
+        _, vllm_body = self.prepare(raw, "chat")
+        body = {key: vllm_body[key] for key in ("model", "messages", "tools") if key in vllm_body}
+        response = await self._post("/tokenize", body | {"add_generation_prompt": True})
+        answer = _json(response.content)
+        if response.status_code != 200:
+            raise backend_error(response.status_code, answer)
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list):
+            raise VLLMProtocolError("vLLM's /tokenize answer has no tokens")
+        return {"count": len(tokens), "max_model_len": answer.get("max_model_len"), "tokens": tokens}
+
     async def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> httpx.Response:
         try:
             timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
@@ -458,6 +473,13 @@ def create_vllm_app(backend: VLLMBackend, *, reloader: PolicyReloader | None = N
     @app.post("/v1/responses")
     async def responses(request: Request) -> Response:
         return await answer(request, "responses")
+
+    @app.post("/v1/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            return JSONResponse(await backend.tokenize(await request.body()))
+        except EngineError as exc:
+            return error_response(exc)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,9 +1,12 @@
-"""The recording proxy's HTTP app: OpenAI-compatible routes for harnesses, admin routes for the Env.
+"""The recording proxy's HTTP app: OpenAI- and Anthropic-compatible routes for harnesses, admin routes for the Env.
 
-Harness routes (``Authorization: Bearer <episode token>``): ``POST /v1/chat/completions``, ``POST /v1/responses``,
+Harness routes (the episode token as ``Authorization: Bearer <token>`` or ``x-api-key: <token>``):
+``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/messages`` (Anthropic Messages, ``?beta=true``
+accepted like any query), ``POST /v1/messages/count_tokens`` (counted by the backend's ``/tokenize``, not recorded),
 ``GET /v1/models``. Admin routes (``Authorization: Bearer <admin token>``): ``POST /admin/episodes`` (register an
 episode, get its token), ``GET /admin/episodes/{id}``, ``DELETE /admin/episodes/{id}`` (revoke and confirm every
-call on the bus). ``GET /healthz`` needs no token. Every error is an OpenAI error object (``exceptions.py``).
+call on the bus). ``GET /healthz`` needs no token. Errors are Anthropic error objects on the ``/v1/messages``
+routes (``messages_reply``), OpenAI error objects everywhere else (``exceptions.py``).
 
 Checks happen in this order, and a request failing one is never forwarded nor recorded: token (401), body size
 (413), JSON and required fields (400).
@@ -15,7 +18,7 @@ import asyncio
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -31,9 +34,19 @@ from orchard.store import ArtifactStore
 from producers.proxy.backend import BackendClient
 from producers.proxy.bus_writer import BusWriter
 from producers.proxy.episodes import EpisodeGrant, EpisodeRegistry, EpisodeSpec, EpisodeSummary
-from producers.proxy.exceptions import AuthenticationError, BadRequestError, ProxyError, RequestTooLargeError
+from producers.proxy.exceptions import (
+    AuthenticationError,
+    BackendError,
+    BackendRejectedError,
+    BadRequestError,
+    NotFoundError,
+    ProxyError,
+    RequestTooLargeError,
+)
 from producers.proxy.forward import CallForwarder
 from producers.proxy.images import ImageRecorder
+from producers.proxy.messages import count_tokens_body, parse_messages_request
+from producers.proxy.messages_reply import anthropic_error
 from producers.proxy.request import ApiFlavour, parse_request
 from producers.proxy.settings import ProxySettings
 
@@ -88,10 +101,25 @@ class RecordingProxy:
     async def model_call(self, request: Request, flavour: ApiFlavour) -> Response:
         """Authenticate, read and check, forward, record."""
         started, received_ms = time.perf_counter(), now_ms()
-        session = self.episodes.authenticate(bearer_token(request))
+        session = self.episodes.authenticate(api_key(request))
         raw = await read_body(request, self.settings.max_request_bytes)
-        parsed = parse_request(raw, flavour)
+        parsed = parse_messages_request(raw) if flavour == "MESSAGES" else parse_request(raw, flavour)
         return await self.forwarder.forward(session, parsed, started, received_ms)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``/v1/messages/count_tokens``: the prompt's tokens as the backend renders it (nothing is recorded)."""
+        session = self.episodes.authenticate(api_key(request))
+        chat = count_tokens_body(await read_body(request, self.settings.max_request_bytes))
+        try:
+            answer = await self.backend.post("/tokenize", chat, session.spec.episode_id)
+        except BackendRejectedError as exc:
+            if exc.status != 404:
+                raise
+            raise NotFoundError("the backend cannot count tokens: it serves no /tokenize") from exc
+        count = answer.get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise BackendError("the backend's /tokenize answer has no token count")
+        return JSONResponse({"input_tokens": count})
 
     def require_admin(self, request: Request) -> None:
         """Refuse a request without the admin token."""
@@ -106,6 +134,11 @@ def bearer_token(request: Request) -> str | None:
     if scheme.lower() != "bearer":
         return None
     return token.strip() or None
+
+
+def api_key(request: Request) -> str | None:
+    """A harness's key: the Bearer token, else the ``x-api-key`` header (Anthropic clients send that)."""
+    return bearer_token(request) or request.headers.get("x-api-key", "").strip() or None
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -124,35 +157,58 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-MODEL_CALL_ROUTES: dict[str, ApiFlavour] = {"/v1/chat/completions": "CHAT", "/v1/responses": "RESPONSES"}
+MODEL_CALL_ROUTES: dict[str, ApiFlavour] = {
+    "/v1/chat/completions": "CHAT",
+    "/v1/responses": "RESPONSES",
+    "/v1/messages": "MESSAGES",
+}
+COUNT_TOKENS_ROUTE = "/v1/messages/count_tokens"
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 class ModelCallShortcut:
-    """ASGI middleware serving ``POST`` of the model-call routes straight from the proxy, past FastAPI's routing,
-    exception and dependency layers (about 0.1 ms of every call); any other request goes on to the app. A
-    ``ProxyError`` becomes its OpenAI error object exactly as the app's handler makes it."""
+    """ASGI middleware serving ``POST`` of the model-call routes (and ``count_tokens``) straight from the proxy,
+    past FastAPI's routing, exception and dependency layers (about 0.1 ms of every call); any other request goes on
+    to the app. A ``ProxyError`` becomes its error object exactly as the app's handler makes it, or Anthropic's on
+    the ``/v1/messages`` routes."""
 
     def __init__(self, app: ASGIApp, proxy: RecordingProxy) -> None:
         """Wrap ``app``; model calls go to ``proxy``."""
         self.app, self.proxy = app, proxy
 
+    def _handler(self, scope: Scope) -> Handler | None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        path = scope["path"]
+        if path == COUNT_TOKENS_ROUTE:
+            return self.proxy.count_tokens
+        flavour = MODEL_CALL_ROUTES.get(path)
+        if flavour is None:
+            return None
+        return lambda request: self.proxy.model_call(request, flavour)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve a model call, or pass the request on."""
-        flavour = MODEL_CALL_ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if flavour is None or scope["method"] != "POST":
+        handler = self._handler(scope)
+        if handler is None:
             await self.app(scope, receive, send)
             return
         try:
-            response = await self.proxy.model_call(Request(scope, receive), flavour)
+            response = await handler(Request(scope, receive))
         except ProxyError as exc:
-            response = JSONResponse(exc.payload(), exc.status)
+            response = error_response(exc, anthropic=scope["path"].startswith("/v1/messages"))
         await response(scope, receive, send)
+
+
+def error_response(exc: ProxyError, *, anthropic: bool = False) -> JSONResponse:
+    """The error answer of ``exc``: an OpenAI error object, or Anthropic's."""
+    return JSONResponse(anthropic_error(exc) if anthropic else exc.payload(), exc.status)
 
 
 def _model_routes(proxy: RecordingProxy) -> APIRouter:
     router = APIRouter()
 
-    # POSTs of these two are served by ModelCallShortcut before routing; the routes remain for other methods (405)
+    # POSTs of these are served by ModelCallShortcut before routing; the routes remain for other methods (405)
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await proxy.model_call(request, "CHAT")
@@ -161,9 +217,17 @@ def _model_routes(proxy: RecordingProxy) -> APIRouter:
     async def responses(request: Request) -> Response:
         return await proxy.model_call(request, "RESPONSES")
 
+    @router.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await proxy.model_call(request, "MESSAGES")
+
+    @router.post(COUNT_TOKENS_ROUTE)
+    async def count_tokens(request: Request) -> Response:
+        return await proxy.count_tokens(request)
+
     @router.get("/v1/models")
     async def models(request: Request) -> Response:
-        proxy.episodes.authenticate(bearer_token(request))
+        proxy.episodes.authenticate(api_key(request))
         status, body = await proxy.backend.get("/models")
         return Response(body, status, media_type="application/json")
 

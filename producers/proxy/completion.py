@@ -8,6 +8,9 @@ receives; an answer without one is a ``BackendError``, since it cannot be record
 
 Finish reason of a Responses answer (which reports none): ``tool_calls`` when it calls tools, else ``length`` when
 it stopped at ``max_output_tokens``, else the incomplete reason, else ``stop``.
+
+``ChatStreamAssembler`` hands each event on through its ``relay_*`` methods (as received, the trace taken out);
+``producers.proxy.messages_stream`` overrides them to relay a chat stream as a Messages stream.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json, to_json
 
 from orchard.engines.token_trace import TRACE_FIELD, TokenTrace
-from producers.proxy.exceptions import BackendError
+from producers.proxy.exceptions import BackendError, ProxyError
 from producers.proxy.sse import SseEvent
 
 TERMINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete"})
@@ -120,6 +123,10 @@ def _dump(value: Any) -> str:
     return to_json(value).decode()
 
 
+def _openai_error(exc: ProxyError) -> Any:
+    return exc.payload().get("error")
+
+
 class StreamAssembler(ABC):
     """Reads a stream event by event, returns the bytes to pass on, and at the end the completion it carried."""
 
@@ -134,6 +141,14 @@ class StreamAssembler(ABC):
     @abstractmethod
     def completions(self) -> list[Completion]:
         """The completion(s) of the finished stream; ``BackendError`` if it ended without its trace."""
+
+    def finish(self) -> bytes:
+        """What to send after the backend's stream ended well (nothing: its own last event ends it)."""
+        return b""
+
+    @abstractmethod
+    def error_event(self, exc: ProxyError) -> bytes:
+        """The last event of a stream that failed once its headers were sent."""
 
 
 class ChatStreamAssembler(StreamAssembler):
@@ -150,21 +165,51 @@ class ChatStreamAssembler(StreamAssembler):
     def feed(self, event: SseEvent) -> bytes:
         """Accumulate one chunk; ``[DONE]`` is held back by an error when no trace came before it."""
         if event.data is None:
-            return event.encode()
+            return self.relay_other(event)
         if event.data.strip() == "[DONE]":
             if self._trace is None and not self.backend_failed:
                 raise BackendError("the backend's stream ended without a token trace", code="no_trace")
-            return event.encode()
+            return self.relay_done(event)
         chunk = _load(event.data)
         if "error" in chunk and not chunk.get("choices"):
             self.backend_failed = True
-            return event.encode()
+            return self.relay_error(event, chunk)
         for choice in chunk.get("choices") or ():
             self._accumulate(choice)
-        if TRACE_FIELD not in chunk:
-            return event.encode()
-        self._trace = read_trace(chunk.pop(TRACE_FIELD))
-        return event.with_data(_dump(chunk))
+        traced = TRACE_FIELD in chunk
+        if traced:
+            self._trace = read_trace(chunk.pop(TRACE_FIELD))
+        return self.relay_chunk(event, chunk, traced)
+
+    def relay_other(self, event: SseEvent) -> bytes:
+        """An event without data (a comment, a keep-alive), passed on."""
+        return event.encode()
+
+    def relay_done(self, event: SseEvent) -> bytes:
+        """``[DONE]``, passed on."""
+        return event.encode()
+
+    def relay_error(self, event: SseEvent, chunk: dict[str, Any]) -> bytes:
+        """An error the backend streamed, passed on."""
+        return event.encode()
+
+    def relay_chunk(self, event: SseEvent, chunk: dict[str, Any], traced: bool) -> bytes:
+        """A chunk, passed on (re-encoded when its trace was taken out)."""
+        return event.with_data(_dump(chunk)) if traced else event.encode()
+
+    def error_event(self, exc: ProxyError) -> bytes:
+        """``data: {"error": ...}`` in place of ``[DONE]``."""
+        return f"data: {_dump({'error': _openai_error(exc)})}\n\n".encode()
+
+    @property
+    def trace(self) -> TokenTrace | None:
+        """The trace, once the chunk carrying it was read."""
+        return self._trace
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The finish reason streamed so far."""
+        return self._finish
 
     def _accumulate(self, choice: Mapping[str, Any]) -> None:
         delta = choice.get("delta") or {}
@@ -225,3 +270,8 @@ class ResponsesStreamAssembler(StreamAssembler):
         if self._completion is None:
             raise BackendError("the backend's stream ended before its response completed", code="no_trace")
         return [self._completion]
+
+    def error_event(self, exc: ProxyError) -> bytes:
+        """A ``response.failed`` event."""
+        failed = {"type": "response.failed", "response": {"status": "failed", "error": _openai_error(exc)}}
+        return f"event: response.failed\ndata: {_dump(failed)}\n\n".encode()

@@ -37,6 +37,9 @@ from producers.proxy.settings import ProxySettings
 log = get_logger("proxy.episodes")
 
 EpisodeState = Literal["active", "expired", "closing", "closed"]
+Unrecorded = Literal["abandoned", "refused", "backend_failed"]
+"""Why an accepted call was not answered with something to record: the harness went away before the answer was
+complete; the backend refused it (4xx); the backend failed (5xx, a timeout, unreachable, no valid token trace)."""
 
 
 class EpisodeSpec(BaseModel):
@@ -60,7 +63,13 @@ class EpisodeGrant(BaseModel):
 
 
 class EpisodeSummary(BaseModel):
-    """An episode's state and call counts."""
+    """An episode's state and call counts. Every call received is in exactly one count::
+
+        calls_received = calls_recorded + calls_pending + calls_failed + calls_dropped
+                       + calls_abandoned + calls_refused + calls_backend_failed + calls_in_flight
+
+    (a request answered with ``n`` choices counts ``n`` times in ``calls_received``, once it is answered).
+    """
 
     episode_id: str
     task_id: str
@@ -68,12 +77,19 @@ class EpisodeSummary(BaseModel):
     model: str
     state: EpisodeState
     expires_at: int = Field(description="UTC milliseconds since the epoch.")
-    calls_received: int = Field(description="Model requests accepted with the episode's token.")
-    calls_in_flight: int = Field(description="Requests not yet answered and recorded (or abandoned).")
+    calls_received: int = Field(
+        description="Model calls accepted with the episode's token: one per request, one per choice once answered."
+    )
+    calls_in_flight: int = Field(description="Requests not yet answered and recorded (or given up).")
     calls_recorded: int = Field(description="ModelCalls acknowledged by the bus.")
     calls_pending: int = Field(description="ModelCalls produced, not yet acknowledged.")
-    calls_failed: int = Field(description="ModelCalls the bus refused or did not deliver.")
+    calls_failed: int = Field(description="Answered calls that failed to publish, or the bus did not deliver.")
     calls_dropped: int = Field(description="Answered calls not recorded because the episode was closing.")
+    calls_abandoned: int = Field(0, description="Calls the harness hung up on before their answer was complete.")
+    calls_refused: int = Field(0, description="Calls the backend refused (a 4xx, passed on to the harness).")
+    calls_backend_failed: int = Field(
+        0, description="Calls the backend failed: a 5xx, a timeout, unreachable, or no valid token trace."
+    )
     conversations: int = Field(description="Conversations seen (lineage).")
     last_policy_version: int | None = Field(None, description="Policy version of the last recorded call, if any.")
 
@@ -123,6 +139,8 @@ class EpisodeSession:
         self.state: EpisodeState = "active"
         self.accepting = True  # False once closing has drained: nothing more is recorded
         self.produced = self.acked = self.delivery_failed = self.publish_failed = self.dropped = 0
+        self.extra_choices = 0  # answered choices beyond the first of each request (n > 1)
+        self.unrecorded: dict[Unrecorded, int] = {"abandoned": 0, "refused": 0, "backend_failed": 0}
         self.last_policy_version: int | None = None
         self.closing: asyncio.Task[EpisodeSummary] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -145,8 +163,15 @@ class EpisodeSession:
             raise AuthenticationError("Incorrect API key provided: the episode token was revoked")
         return self.sequencer.ticket()
 
+    def give_up(self, ticket: int, reason: Unrecorded) -> None:
+        """Release the ticket of a call that will not be recorded, counting why (once per ticket)."""
+        if self.sequencer.release(ticket):
+            self.unrecorded[reason] += 1
+            self.log.info("model call not recorded", reason=reason)
+
     def spawn_record(self, ticket: int, call: AnsweredCall) -> None:
         """Record ``call`` in the background, in its ticket's turn (takes over releasing ``ticket``)."""
+        self.extra_choices += len(call.completions) - 1
         task = asyncio.create_task(self._record_in_turn(ticket, call))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -157,7 +182,7 @@ class EpisodeSession:
                 try:  # decoding, hashing and storing off the event loop, before the call is recorded
                     messages = await asyncio.to_thread(self.images.rewrite, call.request.messages)
                 except Exception as exc:  # a malformed image or a store failure: the call cannot be recorded
-                    self.publish_failed += 1  # closing the episode reports the recording incomplete
+                    self.publish_failed += len(call.completions)  # closing reports the recording incomplete
                     self.log.error("images of a model call not stored", error=str(exc))
                     return
                 call = replace(call, request=replace(call.request, messages=messages))
@@ -170,40 +195,42 @@ class EpisodeSession:
 
     def record(self, call: AnsweredCall) -> None:
         """Publish the call's completions as ModelCalls (one call of the episode at a time, in ticket order)."""
-        request = call.request
         for completion in call.completions:
             if not self.accepting:
                 self.dropped += 1
                 continue
-            trace = completion.trace
-            prompt = np.asarray(trace.prompt_token_ids, dtype=np.int32)  # converted once, used three times
-            completion_ids = np.asarray(trace.completion_token_ids, dtype=np.int32)
-            conversation = self.lineage.classify(prompt)
             try:
-                self.recorder.record_call(
-                    messages=request.messages,
-                    prompt_ids=prompt,
-                    completion_ids=completion_ids,
-                    logprobs=np.asarray(trace.completion_logprobs, dtype=np.float32),
-                    response_text=completion.text,
-                    policy_version=trace.policy_version,
-                    tool_calls=completion.tool_calls,
-                    tools=request.tools,
-                    sampling=request.sampling,
-                    finish_reason=completion.finish_reason,
-                    latency_ms=call.latency_ms,
-                    api_flavour=request.flavour,
-                    conversation_id=conversation,
-                    timestamp_ms=call.timestamp_ms,
-                    model=request.model,
-                )
+                self._record_one(call, completion)
             except Exception as exc:
                 self.publish_failed += 1
                 self.log.error("model call not published", error=str(exc), error_type=type(exc).__name__)
-                continue
-            self.produced += 1
-            self.last_policy_version = trace.policy_version
-            self.lineage.advance(conversation, prompt, completion_ids)
+
+    def _record_one(self, call: AnsweredCall, completion: Completion) -> None:
+        request, trace = call.request, completion.trace
+        prompt = np.asarray(trace.prompt_token_ids, dtype=np.int32)  # converted once, used three times
+        completion_ids = np.asarray(trace.completion_token_ids, dtype=np.int32)
+        conversation = self.lineage.classify(prompt)
+        self.recorder.record_call(
+            messages=request.messages,
+            prompt_ids=prompt,
+            completion_ids=completion_ids,
+            logprobs=np.asarray(trace.completion_logprobs, dtype=np.float32),
+            response_text=completion.text,
+            policy_version=trace.policy_version,
+            tool_calls=completion.tool_calls,
+            tools=request.tools,
+            sampling=request.sampling,
+            finish_reason=completion.finish_reason,
+            latency_ms=call.latency_ms,
+            api_flavour=request.recorded_flavour,
+            harness_api=request.flavour,
+            conversation_id=conversation,
+            timestamp_ms=call.timestamp_ms,
+            model=request.model,
+        )
+        self.produced += 1
+        self.last_policy_version = trace.policy_version
+        self.lineage.advance(conversation, prompt, completion_ids)
 
     def summary(self) -> EpisodeSummary:
         """The episode's state and counts now."""
@@ -212,12 +239,15 @@ class EpisodeSession:
             **self.spec.model_dump(exclude={"ttl_s"}),
             state=state,
             expires_at=self.expires_at,
-            calls_received=self.sequencer.ticket_count,
+            calls_received=self.sequencer.ticket_count + self.extra_choices,
             calls_in_flight=self.sequencer.in_flight,
             calls_recorded=self.acked,
             calls_pending=self.produced - self.acked - self.delivery_failed,
             calls_failed=self.publish_failed + self.delivery_failed,
             calls_dropped=self.dropped,
+            calls_abandoned=self.unrecorded["abandoned"],
+            calls_refused=self.unrecorded["refused"],
+            calls_backend_failed=self.unrecorded["backend_failed"],
             last_policy_version=self.last_policy_version,
             conversations=self.lineage.count,
         )

@@ -1,4 +1,5 @@
-"""Errors of the recording proxy; each is answered to the harness as an OpenAI error object.
+"""Errors of the recording proxy; each is answered to the harness as an OpenAI error object (on the Anthropic
+``/v1/messages`` routes as Anthropic's, with the same status: ``producers.proxy.messages_reply.anthropic_error``).
 
 The body is always ``{"error": {"message", "type", "param", "code"}}``, the shape OpenAI clients parse, with the
 HTTP status a client expects: 400 bad request, 401 unknown token, 404/409 admin lookups, 413 oversized body, 502 a

@@ -5,16 +5,22 @@ they arrived. A non-streamed answer is parsed, stripped of its trace and returne
 is relayed event by event as it arrives; the call is recorded when the backend's stream ends, just before its last
 batch is sent (from the same ``Completion`` a non-streamed answer gives). A call is recorded only when the backend
 answered with a valid trace and, for a stream, the harness stayed until the backend's stream ended; otherwise its
-ticket is released and nothing is recorded. An error in the middle of
-a stream, once headers are sent, reaches the harness as a last event: ``data: {"error": ...}`` on chat completions,
-``response.failed`` on the Responses API.
+ticket is released and nothing is recorded, and the episode counts why (``EpisodeSession.give_up``): the
+harness went away (abandoned), the backend refused the call with a 4xx (refused), or the backend failed, timed out,
+was unreachable or answered without a valid trace (backend failed). An error in the middle of a stream, once headers
+are sent, reaches the harness as a last event: ``data: {"error": ...}`` on chat completions, ``response.failed`` on
+the Responses API, an ``error`` event on the Messages API.
+
+A Messages call is forwarded as the chat completion it was translated into and answered as a Message
+(``messages_reply``), or relayed as a Messages stream (``messages_stream``).
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from pydantic_core import to_json
 from starlette.responses import Response, StreamingResponse
@@ -24,13 +30,16 @@ from orchard.logging import get_logger
 from producers.proxy.backend import BackendClient, backend_errors
 from producers.proxy.completion import (
     ChatStreamAssembler,
+    Completion,
     ResponsesStreamAssembler,
     StreamAssembler,
     chat_completions,
     responses_completion,
 )
-from producers.proxy.episodes import AnsweredCall, EpisodeSession
-from producers.proxy.exceptions import ProxyError
+from producers.proxy.episodes import AnsweredCall, EpisodeSession, Unrecorded
+from producers.proxy.exceptions import BackendRejectedError, ProxyError
+from producers.proxy.messages_reply import messages_reply
+from producers.proxy.messages_stream import MessagesStreamAssembler
 from producers.proxy.request import ModelRequest
 from producers.proxy.sse import iter_event_batches
 from producers.proxy.upstream import UpstreamResponse
@@ -54,10 +63,10 @@ class CallForwarder:
             if request.stream:
                 return await self._open_relay(session, request, ticket, started, received_ms)
             body = await self.backend.post(request.path, request.raw, session.spec.episode_id)
-            completions = chat_completions(body) if request.flavour == "CHAT" else [responses_completion(body)]
-            content = to_json(body)
-        except BaseException:
-            session.sequencer.release(ticket)
+            completions, answer = answered(request, body)
+            content = to_json(answer)
+        except BaseException as exc:
+            session.give_up(ticket, unrecorded_reason(exc))
             raise
         latency_ms = (time.perf_counter() - started) * 1000
         session.spawn_record(ticket, AnsweredCall(request, completions, latency_ms, received_ms))
@@ -69,6 +78,30 @@ class CallForwarder:
         upstream = await self.backend.open_stream(request.path, request.raw, session.spec.episode_id)
         relay = _StreamRelay(self, session, request, ticket, upstream, (started, received_ms))
         return _RelayResponse(relay.events(), relay.close)
+
+
+def answered(request: ModelRequest, body: dict[str, Any]) -> tuple[list[Completion], dict[str, Any]]:
+    """The completions to record of a backend's answer (its trace taken out), and the answer for the harness."""
+    if request.flavour == "RESPONSES":
+        return [responses_completion(body)], body
+    completions = chat_completions(body)
+    if request.flavour == "MESSAGES":
+        return completions, messages_reply(body, completions[0], request)
+    return completions, body
+
+
+def unrecorded_reason(exc: BaseException) -> Unrecorded:
+    """Why a call that raised ``exc`` before it was answered is not recorded."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "abandoned"
+    return "refused" if isinstance(exc, BackendRejectedError) else "backend_failed"
+
+
+def stream_assembler(request: ModelRequest) -> StreamAssembler:
+    """The assembler of a streamed answer to ``request``."""
+    if request.flavour == "MESSAGES":
+        return MessagesStreamAssembler(request.model, request.stop_sequences)
+    return ChatStreamAssembler() if request.flavour == "CHAT" else ResponsesStreamAssembler()
 
 
 class _RelayResponse(StreamingResponse):
@@ -100,48 +133,49 @@ class _StreamRelay:
         self.forwarder, self.session, self.request, self.ticket = forwarder, session, request, ticket
         self.upstream = upstream
         self.started, self.received_ms = timing
-        self.assembler: StreamAssembler = (
-            ChatStreamAssembler() if request.flavour == "CHAT" else ResponsesStreamAssembler()
-        )
+        self.assembler = stream_assembler(request)
         self._owns_ticket = True
+        self._unrecorded: Unrecorded = "abandoned"  # unless the stream ends otherwise
 
     async def events(self) -> AsyncIterator[bytes]:
         """The events to send; the call is recorded once the backend's stream has ended, before its last batch is
         handed over. A harness commonly hangs up as soon as it has the final event; recording after that last
         ``yield`` would lose such a call (the relay is cancelled at the ``yield``), so the last batch waits for it."""
-        held: bytes | None = None
+        held: list[bytes] = []  # the latest batch, sent once the next one (or the end) has come
         try:
             timeout_s = self.forwarder.backend.timeout_s
             with backend_errors(timeout_s):
                 async for batch in iter_event_batches(self.upstream.stream(timeout_s)):
-                    if held is not None:
-                        yield held
-                    held = b"".join([self.assembler.feed(event) for event in batch])
+                    if any(held):
+                        yield b"".join(held)
+                    held = []
+                    for event in batch:  # one by one: what came before a failing event is still sent
+                        held.append(self.assembler.feed(event))
             if self.assembler.backend_failed:
-                if held is not None:
-                    yield held
+                self._unrecorded = "backend_failed"
+                if any(held):
+                    yield b"".join(held)
                 return
             completions = self.assembler.completions()
         except ProxyError as exc:
             self.session.log.warning("stream failed", error=exc.message, code=exc.code)
-            yield (held or b"") + self._error_event(exc)
+            self._unrecorded = unrecorded_reason(exc)
+            yield b"".join([*held, self.assembler.error_event(exc)])
             return
+        except Exception:  # an answer the relay could not read: not the harness's doing
+            self._unrecorded = "backend_failed"
+            raise
+        held.append(self.assembler.finish())
         latency_ms = (time.perf_counter() - self.started) * 1000
         self._owns_ticket = False
         self.session.spawn_record(self.ticket, AnsweredCall(self.request, completions, latency_ms, self.received_ms))
-        if held is not None:
-            yield held
-
-    def _error_event(self, exc: ProxyError) -> bytes:
-        error = exc.payload()["error"]
-        if self.request.flavour == "CHAT":
-            return f"data: {json.dumps({'error': error})}\n\n".encode()
-        failed = {"type": "response.failed", "response": {"status": "failed", "error": error}}
-        return f"event: response.failed\ndata: {json.dumps(failed)}\n\n".encode()
+        if any(held):
+            yield b"".join(held)
 
     async def close(self) -> None:
-        """Release the ticket unless a recording took it over, and close the backend stream."""
+        """Release the ticket unless a recording took it over (counting why the call is not recorded: abandoned
+        unless the stream failed), and close the backend stream."""
         if self._owns_ticket:
             self._owns_ticket = False
-            self.session.sequencer.release(self.ticket)
+            self.session.give_up(self.ticket, self._unrecorded)
         await self.upstream.aclose()

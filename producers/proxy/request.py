@@ -3,7 +3,9 @@
 Recorded messages are the chat ``messages``, or for the Responses API the ``input`` items (a string input becomes one
 user message) preceded by ``{"role": "system", "content": instructions}`` when the request has ``instructions``, so
 what the engine was shown is in the record. Sampling parameters are every top-level field that is not content,
-transport or bookkeeping (``NOT_SAMPLING``), so new API options are recorded without a code change.
+transport or bookkeeping (``NOT_SAMPLING``), so new API options are recorded without a code change. An Anthropic
+Messages request is translated into a chat completions request first (``producers.proxy.messages``) and recorded in
+that form.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from pydantic_core import from_json
 
 from producers.proxy.exceptions import BadRequestError
 
-ApiFlavour = Literal["CHAT", "RESPONSES"]
+ApiFlavour = Literal["CHAT", "RESPONSES", "MESSAGES"]
+"""The API a harness speaks: OpenAI chat completions, OpenAI Responses, Anthropic Messages."""
+RecordedFlavour = Literal["CHAT", "RESPONSES"]
+"""The form a call is recorded (and forwarded) in: a Messages call goes to the engine as a chat completion."""
 
-PATHS: dict[ApiFlavour, str] = {"CHAT": "/chat/completions", "RESPONSES": "/responses"}
+PATHS: dict[ApiFlavour, str] = {"CHAT": "/chat/completions", "RESPONSES": "/responses", "MESSAGES": "/chat/completions"}
 NOT_SAMPLING = frozenset(
     {"model", "messages", "input", "instructions", "tools", "stream", "stream_options", "user", "metadata", "store"}
     | {"previous_response_id", "include", "prompt_cache_key", "service_tier", "safety_identifier"}
@@ -27,7 +32,8 @@ NOT_SAMPLING = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
-    """A checked request: the bytes to forward and what the ModelCall records of it."""
+    """A checked request: the bytes to forward and what the ModelCall records of it (for a Messages request, the
+    translated chat completions body and its messages and tools; ``stop_sequences`` tell a stop sequence's end)."""
 
     flavour: ApiFlavour
     raw: bytes
@@ -37,16 +43,23 @@ class ModelRequest:
     sampling: dict[str, Any]
     stream: bool
     choices: int
+    stop_sequences: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
         """Path of the API under the backend's base URL."""
         return PATHS[self.flavour]
 
+    @property
+    def recorded_flavour(self) -> RecordedFlavour:
+        """The ModelCall's ``api_flavour``: the form of the forwarded request and of what is recorded."""
+        return "RESPONSES" if self.flavour == "RESPONSES" else "CHAT"
+
 
 def parse_request(raw: bytes, flavour: ApiFlavour) -> ModelRequest:
-    """Check ``raw`` as a request of ``flavour``; raise ``BadRequestError`` naming what is wrong."""
-    body = _json_object(raw)
+    """Check ``raw`` as a chat or Responses request; raise ``BadRequestError`` naming what is wrong (a Messages
+    request is parsed by ``producers.proxy.messages.parse_messages_request``)."""
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("'model' is required and must be a non-empty string", code="missing_model")
@@ -66,7 +79,8 @@ def parse_request(raw: bytes, flavour: ApiFlavour) -> ModelRequest:
     return ModelRequest(flavour, raw, model, messages, tools, sampling, bool(stream), choices)
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body; ``BadRequestError`` if it is not one."""
     try:
         body = from_json(raw)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -40,16 +40,17 @@ class CallSequencer:
         while self._turn < ticket:
             await self._changed.wait()
 
-    def release(self, ticket: int) -> None:
-        """Mark ``ticket`` finished (recorded or abandoned); idempotent, in any order."""
+    def release(self, ticket: int) -> bool:
+        """Mark ``ticket`` finished (recorded or given up); idempotent, in any order. True if it was still held."""
         if ticket < self._turn or ticket in self._released or ticket >= self._issued:
-            return
+            return False
         self._released.add(ticket)
         while self._turn in self._released:
             self._released.remove(self._turn)
             self._turn += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        return True
 
     async def drained(self) -> None:
         """Wait until every ticket handed out so far has been released."""

@@ -386,6 +386,18 @@ async def test_bad_input_gets_openai_errors(base_url: str) -> None:
 
 
 @pytest.mark.asyncio
+async def test_tokenize_answers_the_prompt_a_chat_request_renders_to(base_url: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count me."}], "max_tokens": 4}
+    async with client(base_url) as http:
+        counted = (await http.post("/v1/tokenize", json=body)).json()
+        trace = trace_of((await http.post(CHAT, json=body)).json())
+        unknown = await http.post("/v1/tokenize", json=body | {"model": "nope"})
+    assert trace is not None
+    assert counted == {"count": len(trace.prompt_token_ids), "max_model_len": 512, "tokens": trace.prompt_token_ids}
+    assert unknown.status_code == 404
+
+
+@pytest.mark.asyncio
 async def test_models_and_health(base_url: str) -> None:
     async with client(base_url) as http:
         models = (await http.get("/v1/models")).json()
@@ -742,3 +754,51 @@ def test_the_tiny_engine_behind_the_recording_proxy_is_recorded_token_exactly(ba
             trace.completion_logprobs, abs=1e-5
         )
     assert records[1]["prompt_base_call_index"] == 0 and records[1]["prompt_prefix_length"] > 0
+
+
+def test_a_messages_call_behind_the_proxy_is_rendered_by_the_chat_template_and_recorded_token_exactly(
+    base_url: str, tmp_path: Path
+) -> None:
+    from orchard.codec import Codec
+    from orchard.prefix_delta import PromptReconstructor
+    from orchard.tokens import unpack_token_ids
+    from orchard.topics import MODEL_CALLS, STANDARD_TOPICS
+    from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
+
+    bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
+    for spec in STANDARD_TOPICS:
+        bus.create_topic(spec.name, spec.partitions, exist_ok=True)
+    admin = "engine-proxy-admin-0123456789"
+    proxy = BackgroundServer(create_proxy_app(ProxySettings(backend_base_url=f"{base_url}/v1", admin_token=admin), bus))
+    proxy.start()
+    headers = {"Authorization": f"Bearer {admin}"}
+    try:
+        opening = {"episode_id": "messages-ep", "task_id": "t", "harness": "test", "model": MODEL, "ttl_s": 600}
+        key = {"x-api-key": httpx.post(f"{proxy.url}/admin/episodes", headers=headers, json=opening).json()["token"]}
+        body = {"model": MODEL, "system": "You are terse.", "messages": [{"role": "user", "content": "fix the bug"}]}
+        body |= {"max_tokens": 12, "temperature": 0.0}
+        reply = httpx.post(f"{proxy.url}/v1/messages?beta=true", headers=key, json=body, timeout=120).json()
+        counted = httpx.post(f"{proxy.url}/v1/messages/count_tokens", headers=key, json=body, timeout=120).json()
+        chat = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "fix the bug"}]
+        direct = httpx.post(
+            f"{base_url}/v1/chat/completions", timeout=120,
+            json={"model": MODEL, "messages": chat, "max_tokens": 12, "temperature": 0.0},
+        ).json()  # fmt: skip
+        closed = httpx.delete(f"{proxy.url}/admin/episodes/messages-ep", headers=headers).json()
+    finally:
+        proxy.stop()
+    trace = TokenTrace.model_validate(direct["orchard"])
+    assert closed["calls_recorded"] == 1
+    [record] = [Codec.default().decode(r.value).record for r in bus.consumer([MODEL_CALLS]).poll(10, 1)]
+    bus.close()
+    assert PromptReconstructor().add_model_call(record).tolist() == trace.prompt_token_ids
+    assert unpack_token_ids(record["completion_token_ids"]).tolist() == trace.completion_token_ids
+    assert (record["api_flavour"], record["harness_api"]) == ("CHAT", "MESSAGES")
+    text = direct["choices"][0]["message"]["content"] or ""
+    assert reply["content"] == ([{"type": "text", "text": text}] if text else [])
+    assert (reply["stop_reason"], reply["usage"]["input_tokens"], reply["usage"]["output_tokens"]) == (
+        "max_tokens" if direct["choices"][0]["finish_reason"] == "length" else "end_turn",
+        len(trace.prompt_token_ids),
+        len(trace.completion_token_ids),
+    )
+    assert counted == {"input_tokens": len(trace.prompt_token_ids)}

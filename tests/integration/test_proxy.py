@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 
 ADMIN = "admin-token-for-tests-0123456789"
 TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
+MESSAGES_TOOLS = [{"name": "shell", "input_schema": {"type": "object"}}]  # TOOLS in the Messages API
 PLAN = ScriptedPlan(
     steps=[
         ScriptedStep(text="Looking around.", tool_calls=[ScriptedToolCall(name="shell", arguments={"cmd": "ls"})]),
@@ -111,8 +112,10 @@ class Harness:
     """What an agent harness does: OpenAI calls with its episode token, keeping its own history."""
 
     def __init__(self, url: str, token: str, episode_id: str) -> None:
-        self.episode_id = episode_id
+        self.episode_id, self.token = episode_id, token
         self.client = httpx.Client(base_url=f"{url}/v1", headers={"authorization": f"Bearer {token}"}, timeout=30)
+        anthropic = {"x-api-key": token, "anthropic-version": "2023-06-01"}  # as Anthropic clients authenticate
+        self.anthropic = httpx.Client(base_url=f"{url}/v1", headers=anthropic, timeout=30)
 
     def post(self, path: str, body: dict[str, Any], stream: bool) -> tuple[httpx.Response, dict[str, Any]]:
         """The HTTP response and the answer object (assembled from the stream when streamed)."""
@@ -126,6 +129,15 @@ class Harness:
         response, answer = self.post("/chat/completions", body, stream)
         assert response.status_code == 200, response.text
         return answer
+
+    def messages(self, messages: list[dict[str, Any]], stream: bool = False, **extra: Any) -> dict[str, Any]:
+        """An Anthropic Messages call (``?beta=true``, as Claude Code sends it); the Message, assembled if streamed."""
+        body = {"model": "policy", "max_tokens": 256, "system": "You fix bugs.", "messages": messages, **extra}
+        body |= {"tools": MESSAGES_TOOLS, "temperature": 0.7} | ({"stream": True} if stream else {})
+        response = self.anthropic.post("/messages?beta=true", json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/event-stream" if stream else "application/json")
+        return assemble_message(response.text) if stream else response.json()
 
     def respond(self, items: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
         body = {"model": "policy", "input": items, "instructions": "Fix bugs.", "tools": TOOLS, "top_p": 0.9}
@@ -171,6 +183,39 @@ def assemble(path: str, text: str) -> dict[str, Any]:
             for _, c in sorted(calls.items())
         ]
     return {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+
+
+def assemble_message(text: str) -> dict[str, Any]:
+    """The Message a Messages stream carries, as a client library builds it, checking the stream is well formed:
+    named events, message_start and ping first, blocks opened, filled and closed one at a time in index order,
+    message_delta and message_stop last."""
+    assert '"orchard"' not in text
+    events = sse(text)
+    assert all(name == data["type"] for name, data in events)
+    kinds = [data["type"] for _, data in events]
+    assert (kinds[:2], kinds[-2:]) == (["message_start", "ping"], ["message_delta", "message_stop"])
+    message, open_index, arguments = events[0][1]["message"], None, ""
+    for _, event in events[2:-2]:
+        if event["type"] == "content_block_start":
+            assert (open_index, event["index"]) == (None, len(message["content"]))
+            open_index = event["index"]
+            message["content"].append(dict(event["content_block"]))
+        elif event["type"] == "content_block_delta":
+            assert event["index"] == open_index
+            block, delta = message["content"][open_index], event["delta"]
+            if delta["type"] == "input_json_delta":
+                arguments += delta["partial_json"]
+            else:
+                assert (block["type"], delta["type"]) == ("text", "text_delta")
+                block["text"] += delta["text"]
+        else:
+            assert (event["type"], event["index"]) == ("content_block_stop", open_index)
+            if message["content"][open_index]["type"] == "tool_use":
+                message["content"][open_index]["input"], arguments = json.loads(arguments or "{}"), ""
+            open_index = None
+    assert open_index is None
+    final = events[-2][1]
+    return message | final["delta"] | {"usage": final["usage"]}
 
 
 def direct_trace(backend: BackgroundServer, path: str, body: dict[str, Any], key: str) -> TokenTrace:
@@ -426,6 +471,209 @@ def test_backend_answers_without_a_valid_trace_or_with_errors(
     summary = proxy.close("stub").json()
     assert (summary["calls_received"], summary["calls_recorded"]) == (6, 0)
     assert proxy.records() == []
+
+
+# ------------------------------------------------------------------------------------------------ Messages API
+def run_messages_episode(harness: Harness, stream: bool) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """``run_chat_episode`` through the Messages API: the chat conversation each call is equivalent to, and the
+    Messages answered."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix"}]
+    chat: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix"}]
+    sent, replies = [], []
+    for output in ("a.py b.py", "def parse(): ...", None):
+        sent.append(list(chat))
+        reply = harness.messages(messages, stream)
+        replies.append(reply)
+        if output is None:
+            break
+        call = next(block for block in reply["content"] if block["type"] == "tool_use")
+        text = "".join(block["text"] for block in reply["content"] if block["type"] == "text")
+        result = {"type": "tool_result", "tool_use_id": call["id"], "content": output}
+        messages += [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": [result]}]
+        function = {"name": call["name"], "arguments": json.dumps(call["input"])}
+        assistant = {
+            "role": "assistant",
+            "content": text or None,
+            "tool_calls": [{"id": call["id"], "type": "function", "function": function}],
+        }
+        chat += [assistant, tool_result(call["id"], output)]
+    return sent, replies
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_messages_calls_are_recorded_token_exactly(proxy: Proxy, backend: BackgroundServer, stream: bool) -> None:
+    harness = proxy.open(f"messages-{stream}")
+    sent, replies = run_messages_episode(harness, stream)
+    summary = proxy.close(harness.episode_id).json()
+    assert (summary["calls_received"], summary["calls_recorded"], summary["conversations"]) == (3, 3, 1)
+    records, rebuilt = proxy.records(harness.episode_id), PromptReconstructor()
+    for index, (record, messages, reply) in enumerate(zip(records, sent, replies, strict=True)):
+        body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.7, "max_tokens": 256}
+        expected = direct_trace(backend, "/chat/completions", body, f"direct-messages-{stream}")
+        assert rebuilt.add_model_call(record).tolist() == expected.prompt_token_ids
+        assert unpack_token_ids(record["completion_token_ids"]).tolist() == expected.completion_token_ids
+        logprobs = unpack_array(record["completion_logprobs"], "float32")
+        assert logprobs.tolist() == np.asarray(expected.completion_logprobs, dtype=np.float32).tolist()
+        assert rebuilt.messages(index) == messages  # recorded in chat form, as the engine was asked
+        assert (record["api_flavour"], record["harness_api"], record["conversation_id"]) == ("CHAT", "MESSAGES", 0)
+        assert json.loads(record["request_tools_json"]) == TOOLS
+        assert json.loads(record["sampling_params_json"]) == {"max_tokens": 256, "temperature": 0.7}
+        usage = {"input_tokens": len(expected.prompt_token_ids), "output_tokens": len(expected.completion_token_ids)}
+        assert reply["usage"] == usage | {"cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    assert [(r["response_text"], r["finish_reason"]) for r in records] == [
+        ("Looking around.", "tool_calls"),
+        ("", "tool_calls"),
+        ("Fixed: parse() now strips whitespace.", "stop"),
+    ]
+    assert [without(reply, "id", "usage") for reply in replies] == [
+        {"type": "message", "role": "assistant", "model": "policy", "stop_reason": reason, "stop_sequence": None,
+         "content": content}
+        for reason, content in [
+            ("tool_use", [{"type": "text", "text": "Looking around."},
+                          {"type": "tool_use", "id": "call_0_0", "name": "shell", "input": {"cmd": "ls"}}]),
+            ("tool_use", [{"type": "tool_use", "id": "call_1_0", "name": "shell", "input": {"cmd": "cat a.py"}}]),
+            ("end_turn", [{"type": "text", "text": "Fixed: parse() now strips whitespace."}]),
+        ]
+    ]  # fmt: skip
+
+
+def test_a_streamed_messages_call_is_recorded_like_its_non_streamed_equivalent(proxy: Proxy) -> None:
+    _, plain = run_messages_episode(proxy.open("messages-same-plain"), stream=False)
+    _, streamed = run_messages_episode(proxy.open("messages-same-streamed"), stream=True)
+    assert [without(r, "id") for r in streamed] == [without(r, "id") for r in plain]
+    for episode in ("messages-same-plain", "messages-same-streamed"):
+        assert proxy.close(episode).json()["calls_recorded"] == 3
+    ignored = ("episode_id", *TIMING_FIELDS)
+    assert [without(r, *ignored) for r in proxy.records("messages-same-streamed")] == [
+        without(r, *ignored) for r in proxy.records("messages-same-plain")
+    ]
+
+
+def assert_anthropic_error(response: httpx.Response, status: int, kind: str, message: str = "") -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert (set(body), body["type"], set(body["error"]), body["error"]["type"]) == (
+        {"type", "error"}, "error", {"type", "message"}, kind
+    )  # fmt: skip
+    assert message in body["error"]["message"] and body["error"]["message"]
+
+
+def test_every_model_route_takes_x_api_key_or_bearer_and_messages_routes_answer_anthropic_errors(
+    proxy: Proxy, backend: BackgroundServer
+) -> None:
+    harness = proxy.open("messages-routes")
+    hello = {"model": "policy", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    for headers in ({}, {"x-api-key": "nope"}, {"authorization": "Bearer nope"}, {"authorization": "Basic abc"}):
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            response = httpx.post(f"{proxy.url}{path}", json=hello, headers=headers)
+            assert_anthropic_error(response, 401, "authentication_error")
+        response = httpx.post(f"{proxy.url}/v1/responses", json={"model": "p", "input": "hi"}, headers=headers)
+        assert_openai_error(response, 401)
+    key = harness.anthropic  # x-api-key on every model route
+    assert key.post("/chat/completions", json={"model": "policy", "messages": hello["messages"]}).status_code == 200
+    assert key.post("/responses", json={"model": "policy", "input": "hi"}).status_code == 200
+    assert key.get("/models").json()["data"][0]["id"] == "orchard-scripted"
+    assert harness.client.post("/messages", json=hello).status_code == 200  # and Bearer on the Messages route
+    assert_anthropic_error(key.post("/messages", content=b'{"model": '), 400, "invalid_request_error", "not valid JSON")
+    assert_anthropic_error(key.post("/messages", json=hello | {"messages": []}), 400, "invalid_request_error")
+    server_tool = hello | {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    response = key.post("/messages?beta=true", json=server_tool)
+    assert_anthropic_error(response, 400, "invalid_request_error", "server tools")
+    thought = [{"type": "thinking", "thinking": "hmm", "signature": "s"}, {"type": "text", "text": "Hi."}]
+    history = [*hello["messages"], {"role": "assistant", "content": thought}, {"role": "user", "content": "again"}]
+    thinking = {"model": "policy", "messages": history, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    assert key.post("/messages", json=thinking | {"max_tokens": 16}).status_code == 200  # thinking tolerated
+    counted = key.post("/messages/count_tokens?beta=true", json=thinking)
+    as_chat = [history[0], {"role": "assistant", "content": "Hi.", "reasoning_content": "hmm"}, history[2]]
+    prompt = direct_trace(backend, "/chat/completions", {"model": "policy", "messages": as_chat}, "count")
+    assert counted.json() == {"input_tokens": len(prompt.prompt_token_ids)}
+    summary = proxy.close("messages-routes").json()
+    assert (summary["calls_received"], summary["calls_recorded"]) == (4, 4)  # count_tokens is not a model call
+    apis = [r["harness_api"] for r in proxy.records("messages-routes")]
+    assert apis == ["CHAT", "RESPONSES", "MESSAGES", "MESSAGES"]
+
+
+def counts(summary: dict[str, Any]) -> dict[str, int]:
+    """The call counts of a summary that add up to ``calls_received``."""
+    names = ("recorded", "pending", "failed", "dropped", "abandoned", "refused", "backend_failed", "in_flight")
+    values = {name: summary[f"calls_{name}"] for name in names}
+    assert sum(values.values()) == summary["calls_received"]
+    return {name: value for name, value in values.items() if value}
+
+
+def test_backend_failures_on_messages_routes_are_anthropic_errors_and_are_counted(
+    start_proxy: Callable[..., Proxy], stub_backend: tuple[BackgroundServer, dict[str, str]]
+) -> None:
+    server, mode = stub_backend
+    proxy = start_proxy(backend_base_url=f"{server.url}/v1")
+    harness = proxy.open("messages-stub")
+    hello = {"model": "policy", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    mode["chat"] = "plain"
+    assert_anthropic_error(harness.anthropic.post("/messages", json=hello), 502, "api_error", "token trace")
+    streamed = sse(harness.anthropic.post("/messages", json=hello | {"stream": True}).text)
+    assert [name for name, _ in streamed] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "error",
+    ]
+    assert streamed[-1][1] == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "the backend's stream ended without a token trace"},
+    }
+    mode["chat"] = "reject"
+    assert_anthropic_error(harness.anthropic.post("/messages", json=hello), 429, "rate_limit_error", "slow down")
+    mode["chat"] = "crash"
+    assert_anthropic_error(harness.anthropic.post("/messages", json=hello), 502, "api_error", "engine died")
+    assert_anthropic_error(
+        harness.anthropic.post("/messages/count_tokens", json=hello), 404, "not_found_error", "/tokenize"
+    )
+    assert counts(proxy.close("messages-stub").json()) == {"refused": 1, "backend_failed": 3}
+    assert proxy.records() == []
+
+
+@pytest.fixture(scope="module")
+def trickle_backend() -> Iterator[BackgroundServer]:
+    """A backend whose streams pause for a second after their first chunk."""
+    app = FastAPI()
+    trace = TokenTrace(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[0.0], policy_version=0)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        head = {"id": "x", "object": "chat.completion.chunk"}
+        first = head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+        last = head | {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+
+        async def chunks() -> AsyncIterator[str]:
+            yield f"data: {json.dumps(first)}\n\n"
+            await asyncio.sleep(1.0)
+            yield f"data: {json.dumps(last | trace.as_field())}\n\ndata: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    with BackgroundServer(app, timeout_graceful_shutdown=0.1) as server:
+        yield server
+
+
+def test_calls_the_harness_abandons_are_counted(
+    start_proxy: Callable[..., Proxy], trickle_backend: BackgroundServer
+) -> None:
+    proxy = start_proxy(backend_base_url=f"{trickle_backend.url}/v1")
+    harness = proxy.open("abandoned")
+    chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    calls = [(harness.client, "/chat/completions", chat), (harness.anthropic, "/messages", chat | {"max_tokens": 9})]
+    for client, path, body in calls:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post(path, json=body, timeout=0.2)  # the harness gives up mid-stream and hangs up
+    assert assemble_message(harness.anthropic.post("/messages", json=calls[1][2]).text)["content"] == [
+        {"type": "text", "text": "hi"}
+    ]
+    deadline = time.monotonic() + 10
+    while (summary := proxy.admin.get("/admin/episodes/abandoned").json())["calls_in_flight"]:
+        assert time.monotonic() < deadline, summary
+        time.sleep(0.05)
+    assert counts(proxy.close("abandoned").json()) == {"abandoned": 2, "recorded": 1}
 
 
 # ------------------------------------------------------------------------------------------------ closing

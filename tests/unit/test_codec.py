@@ -62,6 +62,7 @@ def model_call(**overrides: Any) -> dict[str, Any]:
         "conversation_id": 0,
         "harness": "codex",
         "api_flavour": "RESPONSES",
+        "harness_api": "RESPONSES",
         "model": "orchard-swe-3b",
         "policy_version": 17,
         "request_messages_json": json.dumps([{"role": "user", "content": "Fix the failing test."}]),
@@ -94,7 +95,10 @@ def write_catalog(root: Path, schemas: dict[str, list[dict[str, Any]]]) -> Schem
 
 def shipped_schema(name: str) -> dict[str, Any]:
     """The current shipped schema of ``name`` as JSON."""
-    return json.loads((SCHEMA_DIR / name / "v1.avsc").read_text())
+    return SchemaCatalog.load().current(name).schema
+
+
+MODEL_CALL_VERSION = SchemaCatalog.load().current("ModelCall").version
 
 
 def with_field(schema: dict[str, Any], field: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +138,7 @@ def test_header_is_marker_then_little_endian_fingerprint_then_avro_body() -> Non
 def test_decode_round_trips_the_whole_record() -> None:
     codec = Codec.default()
     decoded = codec.decode(codec.encode("ModelCall", model_call()))
-    assert decoded == DecodedRecord("ModelCall", 1, 1, model_call())
+    assert decoded == DecodedRecord("ModelCall", MODEL_CALL_VERSION, MODEL_CALL_VERSION, model_call())
 
 
 def test_omitted_defaulted_fields_decode_as_their_defaults() -> None:
@@ -165,32 +169,32 @@ def test_int_millisecond_timestamps_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"call_index": 1.5}, "ModelCall v1: call_index: expected int, got float 1.5"),
-        ({"call_index": 2**31}, "ModelCall v1: call_index: expected int, got int 2147483648"),
-        ({"retokenized": 1}, "ModelCall v1: retokenized: expected boolean, got int 1"),
-        ({"policy_version": True}, "ModelCall v1: policy_version: expected long, got bool True"),
+        ({"call_index": 1.5}, "ModelCall v2: call_index: expected int, got float 1.5"),
+        ({"call_index": 2**31}, "ModelCall v2: call_index: expected int, got int 2147483648"),
+        ({"retokenized": 1}, "ModelCall v2: retokenized: expected boolean, got int 1"),
+        ({"policy_version": True}, "ModelCall v2: policy_version: expected long, got bool True"),
         (
             {"api_flavour": "COMPLETIONS"},
-            "ModelCall v1: api_flavour: expected one of ['CHAT', 'RESPONSES'], got str 'COMPLETIONS'",
+            "ModelCall v2: api_flavour: expected one of ['CHAT', 'RESPONSES'], got str 'COMPLETIONS'",
         ),
-        ({"prompt_base_call_index": "3"}, "ModelCall v1: prompt_base_call_index: expected null or int, got str '3'"),
+        ({"prompt_base_call_index": "3"}, "ModelCall v2: prompt_base_call_index: expected null or int, got str '3'"),
         (
             {"timestamp": "2026-11-29"},
-            "ModelCall v1: timestamp: expected timezone-aware datetime or int (timestamp-millis), got str '2026-11-29'",
+            "ModelCall v2: timestamp: expected timezone-aware datetime or int (timestamp-millis), got str '2026-11-29'",
         ),
         (
             {"timestamp": datetime(2026, 11, 29)},
-            "ModelCall v1: timestamp: expected timezone-aware datetime or int (timestamp-millis), got datetime "
+            "ModelCall v2: timestamp: expected timezone-aware datetime or int (timestamp-millis), got datetime "
             "datetime.datetime(2026, 11, 29, 0, 0)",
         ),
-        ({"tokens": b""}, "ModelCall v1: unknown fields ['tokens']"),
+        ({"tokens": b""}, "ModelCall v2: unknown fields ['tokens']"),
         (
             {"completion_token_ids": b"\x00" * 6},
-            "ModelCall v1: field completion_token_ids: 6 bytes is not a whole number of int32 values",
+            "ModelCall v2: field completion_token_ids: 6 bytes is not a whole number of int32 values",
         ),
         (
             {"completion_token_ids": [0.5]},
-            "ModelCall v1: field completion_token_ids: cannot pack values of dtype float64 as int32",
+            "ModelCall v2: field completion_token_ids: cannot pack values of dtype float64 as int32",
         ),
     ],
 )
@@ -205,7 +209,7 @@ def test_encode_reports_every_missing_required_field() -> None:
     with pytest.raises(SchemaValidationError) as caught:
         Codec.default().encode("ModelCall", record)
     assert str(caught.value) == (
-        "ModelCall v1: run_id: missing (the field has no default); latency_ms: missing (the field has no default)"
+        "ModelCall v2: run_id: missing (the field has no default); latency_ms: missing (the field has no default)"
     )
 
 
@@ -262,7 +266,7 @@ def test_shorter_than_the_header() -> None:
 
 def test_truncated_body() -> None:
     data = Codec.default().encode("ModelCall", model_call())
-    with pytest.raises(CorruptRecordError, match=r"^ModelCall v1 body is unreadable: ") as caught:
+    with pytest.raises(CorruptRecordError, match=r"^ModelCall v2 body is unreadable: ") as caught:
         Codec.default().decode(data[:-1])
     assert caught.value.__cause__ is not None
 
@@ -271,7 +275,7 @@ def test_trailing_bytes() -> None:
     data = Codec.default().encode("ModelCall", model_call())
     with pytest.raises(CorruptRecordError) as caught:
         Codec.default().decode(data + b"\x00\x00")
-    assert str(caught.value) == "ModelCall v1 record has 2 trailing bytes"
+    assert str(caught.value) == "ModelCall v2 record has 2 trailing bytes"
 
 
 def test_packed_field_of_bad_length_is_corrupt() -> None:
@@ -355,7 +359,9 @@ def test_shipped_catalog_has_every_record() -> None:
         "TrainingSample",
         "Trajectory",
     ]
-    assert [(sv.name, sv.version) for sv in catalog] == [(name, 1) for name in catalog.names()]
+    assert [(sv.name, sv.version) for sv in catalog] == sorted(
+        [(name, 1) for name in catalog.names()] + [("ModelCall", 2)]
+    )
     assert catalog.by_fingerprint(catalog.current("ModelCall").fingerprint) is catalog.current("ModelCall")
 
 
@@ -391,8 +397,8 @@ def test_malformed_catalogs_are_rejected(tmp_path: Path, files: dict[str, str], 
 
 def test_unknown_versions_and_names() -> None:
     catalog = SchemaCatalog.load()
-    with pytest.raises(UnknownSchemaError, match="ModelCall has no version 2"):
-        catalog.get("ModelCall", 2)
+    with pytest.raises(UnknownSchemaError, match="ModelCall has no version 3"):
+        catalog.get("ModelCall", 3)
     with pytest.raises(UnknownSchemaError, match="cannot pin unknown schema names"):
         Codec(catalog, versions={"Nope": 1})
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.config import EmbeddedBusConfig, KafkaBusConfig, S3StoreConfig, load_config
+from orchard.config import EmbeddedBusConfig, KafkaBusConfig, LocalStoreConfig, S3StoreConfig, load_config
 from orchard.exceptions import ConfigError
 
 
@@ -70,3 +70,43 @@ def test_unreadable_or_non_mapping_files_are_clear_errors(tmp_path: Path) -> Non
 def test_embedded_defaults_are_durable_against_a_killed_process() -> None:
     assert EmbeddedBusConfig().fsync == "never"
     assert EmbeddedBusConfig(fsync="always").fsync == "always"
+
+
+def test_settings_without_a_type_are_the_default_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ORCHARD_BUS__TYPE", "ORCHARD_STORE__TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORCHARD_BUS__PATH", str(tmp_path / "bus"))
+    monkeypatch.setenv("ORCHARD_STORE__PATH", str(tmp_path / "store"))
+    config = load_config()
+    assert (config.bus, config.store) == (
+        EmbeddedBusConfig(path=tmp_path / "bus"),
+        LocalStoreConfig(path=tmp_path / "store"),
+    )
+    path = tmp_path / "orchard.yaml"
+    path.write_text("bus:\n  default_partitions: 2\n")
+    monkeypatch.delenv("ORCHARD_BUS__PATH")
+    assert load_config(path).bus == EmbeddedBusConfig(default_partitions=2)
+
+
+def test_settings_of_another_backend_without_a_type_say_which_type_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ORCHARD_BUS__TYPE", "ORCHARD_STORE__TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORCHARD_BUS__BOOTSTRAP_SERVERS", "kafka:9092")
+    monkeypatch.setenv("ORCHARD_STORE__ENDPOINT", "minio:9000")
+    monkeypatch.setenv("ORCHARD_STORE__BUCKET", "runs")
+    with pytest.raises(ConfigError) as caught:
+        load_config()
+    assert str(caught.value) == (
+        "invalid configuration in environment:\n"
+        "  bus: 'type' is missing: bootstrap_servers is a setting of type 'kafka', not of the default type "
+        "'embedded'; set type: kafka (environment: ORCHARD_BUS__TYPE=kafka)\n"
+        "  store: 'type' is missing: bucket, endpoint are settings of type 's3', not of the default type 'local'; "
+        "set type: s3 (environment: ORCHARD_STORE__TYPE=s3)"
+    )
+
+
+def test_settings_no_backend_has_are_reported_as_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCHARD_BUS__TYPE", raising=False)
+    monkeypatch.setenv("ORCHARD_BUS__NONSENSE", "1")
+    with pytest.raises(ConfigError, match=r"(?m)^  bus\.embedded\.nonsense: Extra inputs are not permitted$"):
+        load_config()

@@ -224,6 +224,17 @@ def test_models_and_bad_requests(backend: httpx.Client) -> None:
     assert backend.post("/responses", json={"model": "m", "input": 3}).status_code == 400
 
 
+def test_tokenize_counts_a_chat_prompt_without_advancing_the_plan() -> None:
+    messages = [{"role": "user", "content": "count me"}]
+    with BackgroundServer(create_scripted_app(PLAN)) as server, httpx.Client(base_url=server.url + "/v1") as client:
+        counted = client.post("/tokenize", json={"model": "m", "messages": messages, "tools": TOOLS}).json()
+        answer = chat(client, "tokenize", messages).json()
+        assert client.post("/tokenize", json={"model": "m"}).status_code == 400
+    prompt = render(messages, TOOLS)
+    assert counted == {"count": len(prompt), "max_model_len": None, "tokens": prompt}
+    assert (answer["choices"][0]["message"]["content"], trace_of(answer).prompt_token_ids) == ("Let me look.", prompt)  # type: ignore[union-attr]
+
+
 def test_plans_load_from_yaml_and_json(tmp_path: Path) -> None:
     (tmp_path / "plan.yaml").write_text(
         "- text: hello\n- tool_calls: [{name: shell, arguments: {cmd: ls}}]\n  finish_reason: tool_calls\n"

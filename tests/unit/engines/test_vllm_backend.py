@@ -46,6 +46,7 @@ class FakeVLLM:
         self.app.post("/v1/chat/completions")(self.chat)
         self.app.post("/collective_rpc")(self.rpc)
         self.app.post("/reset_prefix_cache")(self.reset)
+        self.app.post("/tokenize")(self.tokenize)
 
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": "qwen-small", "object": "model", "max_model_len": 2048}]}
@@ -69,6 +70,11 @@ class FakeVLLM:
         if self.rpc_status != 200:
             return JSONResponse({"detail": "CUDA error: out of memory"}, self.rpc_status)
         return JSONResponse({"results": [{"files": 1, "tensors": 2}]})
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await request.json()
+        self.calls.append(("tokenize", body))
+        return JSONResponse({"count": 3, "max_model_len": 2048, "tokens": [5, 6, 7]})
 
     async def reset(self) -> Response:
         self.calls.append(("reset", None))
@@ -126,6 +132,18 @@ async def test_chat_goes_to_vllm_with_token_id_fields_and_comes_back_with_the_tr
     )
     models = (await shim.get("/v1/models")).json()["data"]
     assert [(m["id"], m["max_model_len"]) for m in models] == [("policy", 2048)]
+
+
+@pytest.mark.asyncio
+async def test_tokenize_asks_vllms_tokenize_with_the_checked_messages(setup: Any) -> None:
+    fake, _, shim = setup
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    response = await shim.post("/v1/tokenize", json={"model": "policy", "messages": USER, "tools": tools})
+    assert response.json() == {"count": 3, "max_model_len": 2048, "tokens": [5, 6, 7]}
+    assert fake.calls == [
+        ("tokenize", {"model": "qwen-small", "messages": USER, "tools": tools, "add_generation_prompt": True})
+    ]
+    assert (await shim.post("/v1/tokenize", json={"model": "other", "messages": USER})).status_code == 404
 
 
 @pytest.mark.asyncio
