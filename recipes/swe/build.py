@@ -5,13 +5,15 @@ Layout written under ``OUT``::
     OUT/manifest.json                   the config and each split's instance ids
     OUT/<split>/<instance_id>/task.yaml the problem statement as instruction, the grade command (``GRADE_COMMAND``)
                              /workspace/ the repository at base: ``repo/`` as a git repository with one commit
-                             /hidden/grade.py, instance.json    the grader (run from outside the working copy)
+                             /hidden/grade.py, grade_runner.py, instance.json   the grader (run from outside
+                                                                the working copy)
 
 ``instance.json`` holds what grading needs and nothing that solves the task: ``FAIL_TO_PASS``, ``PASS_TO_PASS``,
-``test_patch``, the reference fix's file list (never the fix itself), the sha256 manifest of the base files and the
-base content of the files the grader resets (test files, ``conftest.py`` and pytest configuration files: all
-visible at base). The same suite always writes the same files and the same base commit id (fixed identity and
-dates).
+``test_patch``, the reference fix's file list (never the fix itself), the sha256 manifest of the base files, the test
+directories the grader resets whole (``reset_directories``) and the base content of every file the grader resets
+(those directories' files, the graded test files, ``conftest.py`` and pytest configuration files: all visible at
+base; a file that is not UTF-8 as ``{"base64": ...}``). The same suite always writes the same files and the same
+base commit id (fixed identity and dates).
 
 Run: ``python -m recipes.swe.build SUITE_DIR OUT [--split train|eval|all] [--overwrite]``.
 """
@@ -19,12 +21,13 @@ Run: ``python -m recipes.swe.build SUITE_DIR OUT [--split train|eval|all] [--ove
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +42,9 @@ from recipes.swe.instance import SweInstance, load_suite_instance, snapshot, sui
 log = get_logger("recipes.swe")
 
 GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
+RUNNER_SCRIPT = Path(__file__).resolve().parent / "grade_runner.py"
+"""The grader's pytest runner, shipped beside it."""
+TEST_DIR_NAMES = frozenset({"tests", "test", "testing"})
 GRADE_COMMAND = '{python} -I "$ORCHARD_GRADER_DIR/grade.py"'
 """The grade command, ``{python}`` the configured interpreter: ``-I`` keeps the working copy off its path."""
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
@@ -77,19 +83,64 @@ def node_file(test_id: str) -> str:
     return test_id.split("::", 1)[0]
 
 
+def is_under(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or inside it (POSIX relative paths)."""
+    return path == directory or path.startswith(directory + "/")
+
+
+def only_tests(directory: str, base: Mapping[str, bytes], reference: Sequence[str]) -> bool:
+    """Whether ``directory`` holds no code to fix: none of the reference fix's files, and no Python file at base but
+    test modules, ``conftest.py`` and empty ``__init__.py``."""
+    if any(is_under(path, directory) for path in reference):
+        return False
+    for path, data in base.items():
+        name = path.rsplit("/", 1)[-1]
+        if is_under(path, directory) and name.endswith(".py") and not (name == "__init__.py" and not data.strip()):
+            if not (name == "conftest.py" or name.startswith("test_") or name.endswith("_test.py")):
+                return False
+    return True
+
+
+def reset_directories(base: Mapping[str, bytes], test_files: Iterable[str], reference: Sequence[str]) -> list[str]:
+    """The directories the grader resets whole: every base directory named ``tests``, ``test`` or ``testing`` (the
+    outermost, as SWE-bench tells test files from the fix), and the directory of each graded or hidden-test file
+    when it holds nothing but tests (``only_tests``); never the root, never one holding a file of the fix."""
+    found = set()
+    for path in base:
+        parts = path.split("/")[:-1]
+        named = next((i for i, part in enumerate(parts) if part in TEST_DIR_NAMES), None)
+        if named is not None:
+            found.add("/".join(parts[: named + 1]))
+    found |= {d for d in {path.rpartition("/")[0] for path in test_files} if d and only_tests(d, base, reference)}
+    found = {d for d in found if not any(is_under(path, d) for path in reference)}
+    return sorted(d for d in found if not any(d != other and is_under(d, other) for other in found))
+
+
+def stored(data: bytes) -> str | dict[str, str]:
+    """A base file as ``instance.json`` holds it: its text, or ``{"base64": ...}`` when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
 def grader_instance(instance: SweInstance, base: Mapping[str, bytes], config: BuildConfig) -> dict[str, object]:
     """The grader's ``instance.json``: everything ``grade.py`` needs, nothing of the reference fix but its paths."""
-    reset = set(instance.patched_files("test_patch"))
-    reset |= {node_file(test_id) for test_id in instance.FAIL_TO_PASS + instance.PASS_TO_PASS}
-    reset |= {path for path in base if path.split("/")[-1] in PYTEST_CONFIG_NAMES | STARTUP_NAMES}
+    test_files = set(instance.patched_files("test_patch"))
+    test_files |= {node_file(test_id) for test_id in instance.FAIL_TO_PASS + instance.PASS_TO_PASS}
+    reference = instance.patched_files("patch")
+    directories = reset_directories(base, test_files, reference)
+    reset = test_files | {path for path in base if path.split("/")[-1] in PYTEST_CONFIG_NAMES | STARTUP_NAMES}
+    reset |= {path for path in base if any(is_under(path, d) for d in directories)}
     return {
         "instance_id": instance.instance_id,
         "FAIL_TO_PASS": instance.FAIL_TO_PASS,
         "PASS_TO_PASS": instance.PASS_TO_PASS,
         "test_patch": instance.test_patch,
-        "reference_files": instance.patched_files("patch"),
+        "reference_files": reference,
         "base_files": {path: hashlib.sha256(data).hexdigest() for path, data in base.items()},
-        "restore": {path: base[path].decode("utf-8") if path in base else None for path in sorted(reset)},
+        "test_dirs": directories,
+        "restore": {path: stored(base[path]) if path in base else None for path in sorted(reset)},
         "test_timeout_s": config.grade_timeout_s - 10,
     }
 
@@ -147,11 +198,12 @@ def task_yaml(instance: SweInstance, config: BuildConfig) -> str:
 
 
 def write_grader(directory: Path, record: Mapping[str, object]) -> None:
-    """The task's ``hidden/``: ``grade.py`` and ``record`` as ``instance.json``, at its top (the Env places
-    ``hidden/`` in ``$ORCHARD_GRADER_DIR``)."""
+    """The task's ``hidden/``: ``grade.py``, its ``grade_runner.py`` and ``record`` as ``instance.json``, at its top
+    (the Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``)."""
     hidden = directory / "hidden"
     hidden.mkdir(parents=True)
     shutil.copyfile(GRADE_SCRIPT, hidden / "grade.py")
+    shutil.copyfile(RUNNER_SCRIPT, hidden / "grade_runner.py")
     (hidden / "instance.json").write_text(json.dumps(record, sort_keys=True, indent=1) + "\n", encoding="utf-8")
 
 

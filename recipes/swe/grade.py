@@ -1,29 +1,31 @@
 """The Orchard-SWE grader: SWE-bench semantics, run over the episode's working copy after the harness exits.
 
-Standard library only: ``recipes.swe.build`` ships this file into every task's ``hidden/`` with the task's
-``instance.json``. The Env places both in a read-only directory outside the working copy once every process of the
-agent is dead, and runs ``python3 -I "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy. Steps:
+Standard library only: ``recipes.swe.build`` ships this file into every task's ``hidden/`` with ``grade_runner.py``
+and the task's ``instance.json``. The Env places them in a read-only directory outside the working copy once every
+process of the agent is dead, and runs ``python3 -I "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy. Steps:
 
 1. **What the agent changed**: every file of the working copy is compared with the base snapshot's sha256 manifest
    (``base_files``), so the answer does not depend on a ``.git`` the runtime may strip or the agent may rewrite.
-2. **Reset the graded tests**: the files the hidden test patch touches, the files holding a graded test id and every
-   base ``conftest.py`` and pytest configuration file go back to their base content (``restore``), so edits to the
-   tests that decide the reward count for nothing.
+2. **Reset the tests**: every test directory (``test_dirs``: ``tests/``, ``test/``, ``testing/`` and the directories
+   that hold only tests, chosen at build time) is removed whole, then it, the files the hidden test patch touches,
+   the files holding a graded test id and every base ``conftest.py`` and pytest configuration file get their base
+   content back (``restore``): an agent-added ``tests/__init__.py`` never runs, and edits to the tests that decide
+   the reward count for nothing.
 3. **Scrub what would run besides the code under test** (``scrub``): every ``__pycache__`` and ``*.pyc`` (an
    unchecked-hash ``.pyc`` is imported without its source), and every ``conftest.py``, pytest configuration file
    (``PYTEST_CONFIG_NAMES``), ``sitecustomize.py``/``usercustomize.py`` and ``*.pth`` that is not the base file.
 4. **Apply the hidden test patch** with ``git apply`` (outside any repository and configuration of the agent's: a
    filter in its ``.git/config`` would run), or, where git is missing or refuses, with the small unified diff
    applier below.
-5. **Run** ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` in one pytest run, outcomes recorded per test id by an in-process
-   plugin; ids the run did not report (a collection error, an id the agent deleted) are run again one by one, and
-   count as failing if still unreported. A test passes when it passed or was an expected failure, as in SWE-bench.
-   The agent's code is the code under test, so it runs inside pytest; nothing else of the agent's is loaded: the
-   runner is ``sys.executable -I -B`` with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` and ``-p no:cacheprovider``,
-   pytest is imported before the working copy is on ``sys.path``, the working copy then goes last
-   (``--import-mode=append``; entries pytest's ``pythonpath`` option puts first move last at session start), and a
-   standard-library module name is always resolved outside the working copy (a planted ``json.py`` or ``re.py``
-   is never imported).
+5. **Run** ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` in one run of ``grade_runner.py`` (shipped beside this file; its
+   docstring says how it keeps pytest's reports from the code under test and detects tampering), in a process
+   group of its own. Its reports come down an inherited pipe, each line carrying a per-run token it read from
+   stdin; a run without its ``finish`` line counts for nothing. Ids a run did not report are run again one by one,
+   the working copy reset (2-4) before each, and count as failing if still unreported. A test passes when it passed
+   or was an expected failure of a test marked ``xfail``, as in SWE-bench. Tampering fails every test.
+6. **Stop what the tests started**: the runner's process group, then, where an Orchard runtime put the grader
+   (``contained``), every other process of its PID namespace but PID 1 and this one's ancestors (``kill_strays``).
+7. **Write the signals**: ``$ORCHARD_GRADER_OUT`` made writable again, whatever is at ``signals.json`` replaced.
 
 Exit status 0 (success, reward 1) only when every ``FAIL_TO_PASS`` and every ``PASS_TO_PASS`` test passes.
 ``$ORCHARD_GRADER_OUT/signals.json`` holds:
@@ -36,6 +38,7 @@ Exit status 0 (success, reward 1) only when every ``FAIL_TO_PASS`` and every ``P
                              ``test_*.py``/``*_test.py``), before the reset
 ``files_changed``            how many files the agent added, changed or deleted
 ``test_patch_applied``       1 when the hidden test patch applied (0 makes the grade a failure)
+``tampered``                 1 when a run found pytest or its recorder tampered with (every test then fails)
 ``resolved``                 1 on success (the same as the exit status)
 ===========================  ====================================================================================
 
@@ -45,21 +48,35 @@ recorded tool calls), left to a step reward.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import json
 import os
 import re
+import secrets
+import select
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 OUT_ENV = "ORCHARD_GRADER_OUT"
+GRADER_DIR_ENV = "ORCHARD_GRADER_DIR"
 SIGNALS_NAME = "signals.json"
 INSTANCE_FILE = Path(__file__).resolve().parent / "instance.json"
+RUNNER_FILE = Path(__file__).resolve().parent / "grade_runner.py"
+SANDBOX_GRADER_DIR = re.compile(r"/orchard/grader|/tmp/orchard-grader-[0-9a-f]{24}/grader")
+"""Where Orchard's runtimes put the grader (the local runtime's namespaced view; the exec-only default)."""
+INIT_PID_NAMESPACE = "pid:[4026531836]"
+"""The machine's initial PID namespace (the kernel's fixed ``PROC_PID_INIT_INO``)."""
 IGNORED_NAMES = frozenset({".git", "__pycache__", ".pytest_cache"})
 PYTEST_CONFIG_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 """Files that configure pytest (plugins, ``addopts``, hooks) wherever they are: reset to their base content."""
@@ -68,71 +85,9 @@ STARTUP_NAMES = frozenset({"sitecustomize.py", "usercustomize.py"})
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 MAX_RERUNS = 100
 DEFAULT_TEST_TIMEOUT_S = 600.0
-
-RUNNER = r"""
-import importlib.machinery, json, os, pkgutil, sys, sysconfig
-
-root = os.path.realpath(os.getcwd())
-
-
-def inside(entry):
-    path = os.path.realpath(entry or os.curdir)
-    return path == root or path.startswith(root + os.sep)
-
-
-# pytest comes from the interpreter's own path: a pytest.py or _pytest/ planted in the working copy cannot stand in
-sys.path[:] = [p for p in sys.path if not inside(p)]
-import pytest
-
-sys.path.append(root)
-
-
-paths = sysconfig.get_paths()
-stdlib = getattr(sys, "stdlib_module_names", None) or {  # before 3.10: what the stdlib directories hold
-    m.name for m in pkgutil.iter_modules([paths["stdlib"], os.path.join(paths["platstdlib"], "lib-dynload")])
-}
-
-
-class StandardLibraryFirst:
-    # a standard-library name is found outside the working copy, wherever pytest or a test puts it on sys.path
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if path is not None or name not in stdlib:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, [p for p in sys.path if not inside(p)])
-        return spec if spec is not None and spec.loader is not None else None
-
-
-sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder), StandardLibraryFirst)
-out, args = sys.argv[1], sys.argv[2:]
-outcomes = {}
-
-
-class Recorder:
-    def pytest_sessionstart(self, session):
-        # the ini option pythonpath (and conftests) put entries first: the working copy's go last again
-        sys.path[:] = [p for p in sys.path if not inside(p)] + [p for p in sys.path if inside(p)]
-
-    def pytest_runtest_logreport(self, report):
-        node = report.nodeid
-        if report.failed:
-            outcomes[node] = "failed"
-        elif outcomes.get(node) == "failed":
-            return
-        elif report.when == "call":
-            outcomes[node] = "passed" if report.passed or hasattr(report, "wasxfail") else "skipped"
-        elif report.skipped:
-            outcomes[node] = "passed" if hasattr(report, "wasxfail") else "skipped"
-
-    def pytest_collectreport(self, report):
-        if report.failed:
-            outcomes["<collect>" + report.nodeid] = "failed"
-
-
-code = pytest.main(args, plugins=[Recorder()])
-with open(out, "w", encoding="utf-8") as handle:
-    json.dump({"exit": int(code), "outcomes": outcomes}, handle)
-"""
+DRAIN_S = 2.0
+"""How long the report pipe is read after the runner ended (a writer outside the sweep's reach is not waited for)."""
+MAX_REPORT_BYTES = 64 << 20
 
 
 def sha256(data: bytes) -> str:
@@ -292,11 +247,25 @@ def apply_patch(root: Path, diff: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- reset
 def remove(path: Path) -> None:
-    """Remove a file, a link or a whole directory (never following a link)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
+    """Remove a file, a link or a whole directory, however deep and whatever its modes (never following a link)."""
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
         path.unlink()
+        return
+    pending, found = [path], []
+    while pending:  # iterative: an agent may nest directories far beyond the recursion limit
+        directory = pending.pop()
+        os.chmod(directory, stat.S_IRWXU)  # an unreadable or read-only directory is still the sandbox user's
+        found.append(directory)
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                else:
+                    os.unlink(entry.path)
+    for directory in reversed(found):
+        os.rmdir(directory)
 
 
 def real_parents(root: Path, relative: str) -> Path:
@@ -308,16 +277,30 @@ def real_parents(root: Path, relative: str) -> Path:
         if current.is_symlink() or (current.exists() and not current.is_dir()):
             current.unlink()
         current.mkdir(exist_ok=True)
+        if not os.access(current, os.W_OK | os.X_OK):
+            os.chmod(current, stat.S_IRWXU)
     return root / relative
 
 
-def restore(root: Path, files: Mapping[str, str | None]) -> None:
+def content(value: str | Mapping[str, str]) -> bytes:
+    """A file's base content as ``instance.json`` holds it: text, or ``{"base64": ...}`` for other bytes."""
+    return value.encode("utf-8") if isinstance(value, str) else base64.b64decode(value["base64"])
+
+
+def restore(root: Path, files: Mapping[str, Any]) -> None:
     """Put ``files`` back to their base content (``None``: absent at base, removed)."""
-    for path, content in sorted(files.items()):
+    for path, value in sorted(files.items()):
         target = real_parents(root, path)
         remove(target)
-        if content is not None:
-            target.write_text(content, encoding="utf-8")
+        if value is not None:
+            target.write_bytes(content(value))
+
+
+def reset_test_directories(root: Path, directories: Iterable[str]) -> None:
+    """Remove each test directory whole (``restore`` then writes its base files back): a file the agent added
+    there, a ``tests/__init__.py`` say, never runs."""
+    for directory in directories:
+        remove(real_parents(root, directory))
 
 
 def is_base_file(path: Path, relative: str, base: Mapping[str, str]) -> bool:
@@ -345,49 +328,10 @@ def scrub(root: Path, base: Mapping[str, str]) -> list[str]:
     return removed
 
 
-# ---------------------------------------------------------------------------------------------------- tests
-def runner_env() -> dict[str, str]:
-    """The test runner's environment: this one without pytest's and Python's variables, plugin autoload off."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON"))}
-    return {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # 3.8 has no dict |
-
-
-def run_pytest(root: Path, test_ids: list[str], timeout_s: float) -> dict[str, str]:
-    """One pytest run of ``test_ids`` in ``root``; outcome (``passed``/``failed``/``skipped``) by reported node id."""
-    with tempfile.TemporaryDirectory(prefix="orchard-swe-grade-") as scratch:
-        out = Path(scratch) / "report.json"
-        argv = [sys.executable, "-I", "-B", "-c", RUNNER, str(out), "-q", "-p", "no:cacheprovider"]
-        argv += ["--import-mode=append", "--rootdir", str(root)]
-        try:
-            subprocess.run(  # noqa: S603
-                [*argv, *test_ids], cwd=root, env=runner_env(), timeout=timeout_s, check=False
-            )
-        except subprocess.TimeoutExpired:
-            sys.stderr.write(f"grade: pytest timed out after {timeout_s:.0f} s\n")
-        try:
-            return dict(json.loads(out.read_text(encoding="utf-8"))["outcomes"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return {}
-
-
-def graded_outcomes(root: Path, test_ids: list[str], timeout_s: float) -> dict[str, bool]:
-    """Whether each of ``test_ids`` passed: one run of all, then the unreported ones again one by one."""
-    wanted = list(dict.fromkeys(test_ids))
-    outcomes = run_pytest(root, wanted, timeout_s) if wanted else {}
-    missing = [test_id for test_id in wanted if test_id not in outcomes]
-    for test_id in missing[:MAX_RERUNS]:
-        outcomes.update({k: v for k, v in run_pytest(root, [test_id], timeout_s).items() if k == test_id})
-    return {test_id: outcomes.get(test_id) == "passed" for test_id in wanted}
-
-
-def fraction(passed: Mapping[str, bool], test_ids: list[str]) -> float:
-    """Fraction of ``test_ids`` that passed (1.0 for none)."""
-    return sum(passed[t] for t in test_ids) / len(test_ids) if test_ids else 1.0
-
-
 def reset(root: Path, instance: Mapping[str, Any]) -> bool:
-    """Restore the graded tests and the pytest configuration, scrub, apply the hidden test patch; whether it
-    applied."""
+    """Restore the test directories, the graded tests and the pytest configuration, scrub, apply the hidden test
+    patch; whether it applied."""
+    reset_test_directories(root, instance.get("test_dirs", []))
     restore(root, instance.get("restore", {}))
     for path in scrub(root, instance["base_files"]):
         sys.stderr.write(f"grade: removed {path}\n")
@@ -400,6 +344,215 @@ def reset(root: Path, instance: Mapping[str, Any]) -> bool:
     return True
 
 
+def trusted_files(root: Path, instance: Mapping[str, Any]) -> list[str]:
+    """After ``reset``: the files holding base content, and every file the reset wrote or the hidden test patch
+    added (everything in a test directory). Only these, of the working copy, may implement an outcome hook."""
+    base: Mapping[str, str] = instance["base_files"]
+    prefixes = tuple(directory + "/" for directory in instance.get("test_dirs", []))
+    reset_files = set(instance.get("restore", {}))
+    return sorted(
+        path
+        for path, digest in working_files(root).items()
+        if base.get(path) == digest or path in reset_files or path.startswith(prefixes)
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- processes
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, parent pid)`` of a process from ``/proc/<pid>/stat``; ``None`` when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # the command name, in parentheses, may hold anything
+    return (fields[0], int(fields[1])) if len(fields) > 1 else None
+
+
+def ancestors() -> set[int]:
+    """This process and every process above it."""
+    found, pid = set(), os.getpid()
+    while pid > 0 and pid not in found:
+        found.add(pid)
+        parent = process_stat(pid)
+        pid = parent[1] if parent is not None else 0
+    return found
+
+
+def contained() -> bool:
+    """Whether this grader runs where an Orchard runtime put it: in a PID namespace other than the machine's initial
+    one (``INIT_PID_NAMESPACE``), with the grader directory at a runtime's path. Only there does ``kill_strays``
+    touch processes it did not start."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+    grader_dir = os.environ.get(GRADER_DIR_ENV, "")
+    return namespace != INIT_PID_NAMESPACE and SANDBOX_GRADER_DIR.fullmatch(grader_dir) is not None
+
+
+def kill_strays(rounds: int = 50) -> int:
+    """Kill every process of this PID namespace but PID 1 and this one's ancestors (a daemon the code under test
+    left, ``setsid`` or not), until none is left; returns how many were killed. Nothing outside ``contained``."""
+    if not contained():
+        return 0
+    spare, killed = ancestors() | {1}, 0
+    for _ in range(rounds):
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in spare]
+        alive = [pid for pid in pids if (state := process_stat(pid)) is not None and state[0] not in ("Z", "X")]
+        if not alive:
+            break
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.01)
+    return killed
+
+
+# ---------------------------------------------------------------------------------------------------- tests
+class PytestRun(NamedTuple):
+    """One run of the runner: outcome by node id, whether it reached its end, what it found tampered with."""
+
+    outcomes: dict[str, str]
+    finished: bool
+    tampered: list[str]
+
+
+def runner_env() -> dict[str, str]:
+    """The test runner's environment: this one without pytest's, Python's and the grader's variables, plugin
+    autoload off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON", "ORCHARD_"))}
+    return {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # 3.8 has no dict |
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Kill the runner and its process group, then every stray process of the namespace."""
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.kill()  # in case the code under test moved the runner to another group
+    process.wait()
+    killed = kill_strays()
+    if killed:
+        sys.stderr.write(f"grade: killed {killed} processes left by the tests\n")
+
+
+def read_reports(process: subprocess.Popen[bytes], fd: int, timeout_s: float) -> bytes:
+    """What the runner writes down ``fd`` until every writer is gone (the runner and whatever it started are killed
+    when it exits or at ``timeout_s``; a writer that survives that is not waited for past ``DRAIN_S``); at most
+    ``MAX_REPORT_BYTES``."""
+    chunks: list[bytes] = []
+    size, deadline = 0, time.monotonic() + timeout_s
+    ended: float | None = None
+    while ended is None or time.monotonic() < ended + DRAIN_S:
+        if ended is None and (process.poll() is not None or time.monotonic() >= deadline):
+            if process.poll() is None:
+                sys.stderr.write(f"grade: pytest timed out after {timeout_s:.0f} s\n")
+            stop(process)
+            ended = time.monotonic()
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        data = os.read(fd, 1 << 16) if ready else None
+        if data == b"":
+            break
+        if data and size < MAX_REPORT_BYTES:
+            chunks.append(data)
+            size += len(data)
+    if ended is None:
+        stop(process)
+    return b"".join(chunks)
+
+
+def parse_reports(data: bytes, token: str) -> PytestRun:
+    """The runner's lines that carry ``token``, as outcomes; a run without exactly one ``finish`` line did not
+    finish, and its outcomes do not count."""
+    prefix, records = token.encode() + b" ", []
+    for line in data.split(b"\n"):
+        if line.startswith(prefix):
+            with contextlib.suppress(ValueError):
+                record = json.loads(line[len(prefix) :].decode("utf-8"))
+                records.append(record if isinstance(record, dict) else {})
+    finishes = [r for r in records if r.get("event") == "finish"]
+    tampered = sorted({str(problem) for r in finishes for problem in r.get("tampered") or ()})
+    if len(finishes) > 1:
+        tampered.append("more than one finish line")
+    for record in records:
+        if record.get("event") == "collect":
+            sys.stderr.write(f"grade: collection error in {record.get('nodeid')}\n")
+    outcomes = outcomes_of(r for r in records if r.get("event") == "report")
+    return PytestRun(outcomes if finishes else {}, bool(finishes), tampered)
+
+
+def outcomes_of(reports: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Outcome by node id from its phases' reports: any failed phase fails it; else its call decides (passed, or an
+    expected failure of a test marked ``xfail``); a skip without a call is a skip."""
+    outcomes: dict[str, str] = {}
+    for report in reports:
+        node, outcome = str(report.get("nodeid")), report.get("outcome")
+        expected = bool(report.get("xfail")) and bool(report.get("marked"))
+        if outcome == "failed":
+            outcomes[node] = "failed"
+        elif outcomes.get(node) == "failed":
+            continue
+        elif report.get("when") == "call":
+            outcomes[node] = "passed" if (outcome == "passed" or expected) else "skipped"
+        elif outcome == "skipped":
+            outcomes[node] = "passed" if expected else "skipped"
+    return outcomes
+
+
+def run_pytest(root: Path, test_ids: list[str], timeout_s: float, trusted: list[str]) -> PytestRun:
+    """One pytest run of ``test_ids`` in ``root``, in a process group of its own; its reports come down a pipe, each
+    line carrying a token the runner reads from stdin."""
+    token = secrets.token_hex(16)
+    read_fd, write_fd = os.pipe()
+    argv = [sys.executable, "-I", "-B", str(RUNNER_FILE), "-q", "-p", "no:cacheprovider", "--import-mode=append"]
+    argv += ["--rootdir", str(root), "--confcutdir", str(root), *test_ids]
+    try:
+        process = subprocess.Popen(  # noqa: S603
+            argv, cwd=root, env=runner_env(), stdin=subprocess.PIPE, pass_fds=(write_fd,), start_new_session=True
+        )
+    finally:
+        os.close(write_fd)
+    setup = json.dumps({"token": token, "fd": write_fd, "trusted": trusted}) + "\n"
+    threading.Thread(target=feed, args=(process, setup.encode()), daemon=True).start()
+    try:
+        return parse_reports(read_reports(process, read_fd, timeout_s), token)
+    finally:
+        os.close(read_fd)
+
+
+def feed(process: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write ``data`` to the runner's stdin and close it (nothing if the runner is gone)."""
+    with contextlib.suppress(OSError):
+        assert process.stdin is not None  # noqa: S101 - started with stdin=PIPE
+        process.stdin.write(data)
+        process.stdin.close()
+
+
+def graded_outcomes(root: Path, instance: Mapping[str, Any], test_ids: list[str]) -> tuple[dict[str, bool], list[str]]:
+    """Whether each of ``test_ids`` passed, and what was tampered with: one run of all, then each unreported one
+    alone, the working copy reset before each run. Tampering fails every test."""
+    timeout_s = float(instance.get("test_timeout_s", DEFAULT_TEST_TIMEOUT_S))
+    wanted = list(dict.fromkeys(test_ids))
+    failed = dict.fromkeys(wanted, False)
+    outcomes: dict[str, str] = {}
+    for run in range(1 + MAX_RERUNS):
+        batch = wanted if run == 0 else [t for t in wanted if t not in outcomes][:1]
+        if not batch or (run > 0 and not reset(root, instance)):
+            break
+        result = run_pytest(root, batch, timeout_s, trusted_files(root, instance))
+        if result.tampered:
+            return failed, result.tampered
+        outcomes.update({k: v for k, v in result.outcomes.items() if run == 0 or k in batch})
+        if run > 0 and batch[0] not in outcomes:
+            outcomes[batch[0]] = "unreported"
+    return {test_id: outcomes.get(test_id) == "passed" for test_id in wanted}, []
+
+
+def fraction(passed: Mapping[str, bool], test_ids: list[str]) -> float:
+    """Fraction of ``test_ids`` that passed (1.0 for none)."""
+    return sum(passed[t] for t in test_ids) / len(test_ids) if test_ids else 1.0
+
+
 def grade(root: Path, instance: Mapping[str, Any]) -> dict[str, float]:
     """Grade the working copy ``root`` against ``instance`` (the shipped ``instance.json``); returns the signals."""
     base: dict[str, str] = instance["base_files"]
@@ -409,11 +562,14 @@ def grade(root: Path, instance: Mapping[str, Any]) -> dict[str, float]:
     applied = reset(root, instance)
     f2p, p2p = list(instance["FAIL_TO_PASS"]), list(instance["PASS_TO_PASS"])
     passed: dict[str, bool] = {t: False for t in f2p + p2p}
+    tampered: list[str] = []
     if applied:
-        passed = graded_outcomes(root, f2p + p2p, float(instance.get("test_timeout_s", DEFAULT_TEST_TIMEOUT_S)))
+        passed, tampered = graded_outcomes(root, instance, f2p + p2p)
+    for problem in tampered:
+        sys.stderr.write(f"grade: TAMPERED {problem}\n")
     for test_id in f2p + p2p:
         sys.stderr.write(f"grade: {'PASS' if passed[test_id] else 'FAIL'} {test_id}\n")
-    resolved = applied and all(passed.values())
+    resolved = applied and not tampered and all(passed.values())
     return {
         "f2p_fraction": round(fraction(passed, f2p), 6),
         "p2p_fraction": round(fraction(passed, p2p), 6),
@@ -421,6 +577,7 @@ def grade(root: Path, instance: Mapping[str, Any]) -> dict[str, float]:
         "wrote_tests": float(any(is_test_path(path) for path in changed)),
         "files_changed": float(len(changed)),
         "test_patch_applied": float(applied),
+        "tampered": float(bool(tampered)),
         "resolved": float(resolved),
     }
 
@@ -433,12 +590,24 @@ def signals_path() -> Path:
     return Path(out) / SIGNALS_NAME
 
 
+def write_signals(target: Path, signals: Mapping[str, float]) -> None:
+    """Write ``signals`` as a new file at ``target``: its directory made writable again and whatever is at
+    ``target`` (a read-only forgery, a link, a directory) removed first."""
+    with contextlib.suppress(OSError):
+        os.chmod(target.parent, target.parent.stat().st_mode | stat.S_IRWXU)
+    remove(target)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(signals, sort_keys=True) + "\n")
+
+
 def main() -> int:
     """Grade the current directory; exit status 0 only when every graded test passes."""
     target = signals_path()
     instance = json.loads(INSTANCE_FILE.read_text(encoding="utf-8"))
     signals = grade(Path.cwd(), instance)
-    target.write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
+    kill_strays()
+    write_signals(target, signals)
     sys.stdout.write(json.dumps(signals, sort_keys=True) + "\n")
     return 0 if signals["resolved"] == 1.0 else 1
 

@@ -4,6 +4,7 @@ are applied after the agent, agent edits to graded tests count for nothing, rewa
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -17,8 +18,9 @@ import pytest
 import yaml
 
 from orchard.env.tasks import TaskCatalog
-from recipes.swe.build import BuildConfig, BuildError, build
+from recipes.swe.build import BuildConfig, BuildError, build, reset_directories
 from recipes.swe.build import main as build_main
+from recipes.swe.grade import parse_reports
 from recipes.swe.instance import snapshot
 from tests.unit.recipes.grader_run import plant_shadow_modules, run_grader, shadow_imports
 
@@ -55,6 +57,8 @@ def test_total_counts_the_first_value_zqx():
 def test_total_of_nothing_is_zero():
     assert total([]) == 0
 """
+BLOB = bytes(range(256))
+"""Test data that is not UTF-8."""
 F2P = ["tests/test_hidden_total.py::test_total_counts_the_first_value_zqx"]
 P2P = [
     "tests/test_ops.py::test_mean",
@@ -82,6 +86,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "calc/__init__.py": b'"""calc."""\n',
                 "calc/ops.py": OPS,
                 "tests/test_ops.py": VISIBLE,
+                "tests/data/blob.bin": BLOB,
                 "pytest.ini": b"[pytest]\npythonpath = .\ntestpaths = tests\n",
                 "README.md": b"# calc\n",
             },
@@ -129,7 +134,7 @@ def test_every_instance_becomes_a_valid_task_under_its_split_with_the_issue_as_i
     task = TaskCatalog(built / "train").get("calc-001")
     assert task.instruction.startswith("total() returns 1")
     assert task.grade_command == 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
-    assert sorted(p.name for p in task.hidden.iterdir()) == ["grade.py", "instance.json"]
+    assert sorted(p.name for p in task.hidden.iterdir()) == ["grade.py", "grade_runner.py", "instance.json"]
     assert task.git_snapshot is True and task.image is None
     assert task.labels == {"repo": "calc", "split": "train", "bug_kind": "off_by_one"}
 
@@ -218,6 +223,7 @@ def test_the_unfixed_repository_fails_with_no_fail_to_pass_test_passing(built: P
         "wrote_tests": 0.0,
         "files_changed": 0.0,
         "test_patch_applied": 1.0,
+        "tampered": 0.0,
         "resolved": 0.0,
     }
 
@@ -362,3 +368,179 @@ def test_without_its_output_directory_the_grader_fails_naming_it(built: Path, tm
         check=False,
     )  # fmt: skip
     assert done.returncode == 1 and "ORCHARD_GRADER_OUT is not set" in done.stderr
+
+
+def test_the_directories_reset_whole_are_test_directories_that_hold_no_code_to_fix() -> None:
+    base = {
+        "pkg/__init__.py": b"x = 1\n", "pkg/core.py": b"", "pkg/tests/__init__.py": b"", "pkg/tests/data/a.bin": b"\0",
+        "tests/test_a.py": b"", "tests/unit/test_b.py": b"", "checks/test_c.py": b"", "checks/__init__.py": b"",
+        "mixed/test_d.py": b"", "mixed/helper.py": b"", "test_root.py": b"", "testing/fixtures.py": b"",
+        "lib/testing/fix.py": b"",
+    }  # fmt: skip
+    test_files = {"checks/test_c.py", "mixed/test_d.py", "test_root.py", "new/test_e.py", "withfix/test_f.py"}
+    reference = ["pkg/core.py", "withfix/impl.py", "lib/testing/fix.py"]
+    assert reset_directories(base, test_files, reference) == ["checks", "new", "pkg/tests", "testing", "tests"]
+
+
+def test_files_the_agent_adds_or_changes_in_a_test_directory_are_reset_before_the_run(
+    built: Path, tmp_path: Path
+) -> None:
+    task = built / "train" / "calc-001"
+    instance = json.loads((task / "hidden" / "instance.json").read_text())
+    assert instance["test_dirs"] == ["tests"]
+    assert instance["restore"]["tests/data/blob.bin"] == {"base64": base64.b64encode(BLOB).decode()}
+    marker = tmp_path / "init-ran"
+    changes: dict[str, bytes | None] = {
+        "tests/__init__.py": f"open({str(marker)!r}, 'w').close()\n".encode(),  # runs when pytest collects tests/
+        "tests/data/blob.bin": b"changed",
+        "tests/test_ops.py": b"def test_mean():\n    pass\n",
+        "tests/helper_cheat.py": PASS_EVERYTHING,
+    }
+    code, signals = grade(task, tmp_path, changes)
+    assert code == 1 and {k: signals[k] for k in UNFIXED} == UNFIXED and signals["wrote_tests"] == 1.0
+    assert not marker.exists()
+    tests = tmp_path / "work" / "tests"
+    assert sorted(p.relative_to(tests).as_posix() for p in tests.rglob("*") if p.is_file()) == [
+        "data/blob.bin", "test_hidden_total.py", "test_ops.py"
+    ]  # fmt: skip
+    assert ((tests / "data" / "blob.bin").read_bytes(), (tests / "test_ops.py").read_bytes()) == (BLOB, VISIBLE)
+
+
+HOOK_WRAPPER = b"""
+import gc, pytest
+
+
+class _Pass:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        outcome.get_result().outcome = "passed"
+
+
+for _manager in [o for o in gc.get_objects() if type(o).__name__ == "PytestPluginManager"]:
+    _manager.register(_Pass())
+"""
+TAMPERING = {
+    "a report's __init__": (
+        b"""
+import _pytest.reports as _reports
+_init = _reports.TestReport.__init__
+
+
+def _passing(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    self.outcome = "passed"
+
+
+_reports.TestReport.__init__ = _passing
+""",
+        "TestReport.__init__",
+    ),
+    "a code object of pytest's runner": (
+        b"import _pytest.runner\n_pytest.runner.show_test_item.__code__ = (lambda item: None).__code__\n",
+        "_pytest.runner.show_test_item",
+    ),
+    "a property added to TestReport": (
+        b"import _pytest.reports\n_pytest.reports.TestReport.failed = property(lambda self: False)\n",
+        "TestReport gained ['failed']",
+    ),
+    "os.write": (b"import os\n_write = os.write\nos.write = lambda fd, data: _write(fd, data)\n", "os.write"),
+    "a hook wrapper registered from the package": (HOOK_WRAPPER, "pytest_runtest_makereport implemented in"),
+}
+"""Code under test (the package the hidden tests import) that changes what pytest reports or how it is recorded, and
+what the grader's log names as tampered with."""
+
+
+@pytest.mark.parametrize("tampering", list(TAMPERING))
+def test_code_under_test_that_tampers_with_pytest_fails_every_test(built: Path, tmp_path: Path, tampering: str) -> None:
+    source, named = TAMPERING[tampering]
+    task = built / "train" / "calc-001"
+    work = working_copy(task, tmp_path, {"calc/ops.py": FIXED_OPS, "calc/__init__.py": b'"""calc."""\n' + source})
+    run = run_grader(task, work, tmp_path / "grader")
+    assert run.exit_code == 1 and run.signals is not None  # the fix is there: untampered, every test would pass
+    assert (run.signals["tampered"], run.signals["f2p_fraction"], run.signals["p2p_fraction"]) == (1, 0, 0)
+    assert run.signals["resolved"] == 0.0 and "grade: TAMPERED" in run.stderr and named in run.stderr, run.stderr
+
+
+FORGED_LINES = b"""
+import json, os, sys
+_ids = [a for a in sys.argv if "::" in a]
+_lines = [json.dumps({"event": "report", "nodeid": i, "when": "call", "outcome": "passed"}) for i in _ids]
+_lines.append(json.dumps({"event": "finish", "exit": 0, "tampered": []}))
+_data = "".join("%s %s\\n" % ("0" * 32, line) for line in _lines).encode()
+for _fd in range(3, 64):
+    try:
+        os.write(_fd, b"\\n" + _data)
+    except OSError:
+        pass
+for _path in sys.argv[1:]:
+    if _path.endswith(".json"):
+        open(_path, "w").write('{"exit": 0, "outcomes": {}}')
+"""
+
+
+def test_report_lines_without_the_runs_token_are_ignored(built: Path, tmp_path: Path) -> None:
+    init = b'"""calc."""\n' + FORGED_LINES
+    code, signals = grade(built / "train" / "calc-001", tmp_path, {"calc/__init__.py": init})
+    assert code == 1 and {k: signals[k] for k in UNFIXED} == UNFIXED and signals["tampered"] == 0.0
+
+
+def test_an_expected_failure_raised_by_the_code_under_test_does_not_pass(built: Path, tmp_path: Path) -> None:
+    xfail = OPS.replace(b"    return sum(values[1:])", b"    import pytest\n\n    pytest.xfail('later')")
+    code, signals = grade(built / "train" / "calc-001", tmp_path, {"calc/ops.py": xfail})
+    assert code == 1 and (signals["f2p_fraction"], signals["p2p_fraction"]) == (0.0, round(2 / 3, 6))
+
+
+def test_only_a_finished_runs_lines_with_its_token_count() -> None:
+    token = "t" * 32
+
+    def line(record: dict[str, object], prefix: str = token) -> bytes:
+        return f"{prefix} {json.dumps(record)}\n".encode()
+
+    def report(node: str, when: str, outcome: str, **extra: bool) -> dict[str, object]:
+        return {"event": "report", "nodeid": node, "when": when, "outcome": outcome, **extra}
+
+    finish = line({"event": "finish", "exit": 1, "tampered": []})
+    reports = [
+        line(report("a", "call", "passed")),
+        line(report("b", "call", "failed")),
+        line(report("b", "call", "passed"), prefix="x" * 32),  # forged: another token
+        line(report("c", "call", "skipped", xfail=True)),  # pytest.xfail() with no marker: not passing
+        line(report("d", "call", "skipped", xfail=True, marked=True)),
+        line(report("e", "call", "passed")),
+        line(report("e", "teardown", "failed")),
+    ]
+    run = parse_reports(b"".join(reports) + b"garbage\n" + finish, token)
+    assert run == ({"a": "passed", "b": "failed", "c": "skipped", "d": "passed", "e": "failed"}, True, [])
+    assert parse_reports(b"".join(reports), token) == ({}, False, [])  # no finish line: the run counts for nothing
+    assert parse_reports(finish + finish, token).tampered == ["more than one finish line"]
+
+
+def test_signals_forged_and_locked_in_the_output_directory_are_replaced(built: Path, tmp_path: Path) -> None:
+    out = tmp_path / "grader" / "grader-out"  # where run_grader puts $ORCHARD_GRADER_OUT (the runner never sees it)
+    lock = f"""
+import os
+_out = {str(out)!r}
+os.makedirs(os.path.join(_out, "signals.json", "deep"), exist_ok=True)
+os.chmod(os.path.join(_out, "signals.json"), 0o555)
+os.chmod(_out, 0o555)
+"""
+    code, signals = grade(built / "train" / "calc-001", tmp_path, {"calc/__init__.py": lock.encode()})
+    assert code == 1 and {k: signals[k] for k in UNFIXED} == UNFIXED
+
+
+def test_in_a_pid_namespace_of_its_own_the_grader_kills_every_process_but_its_ancestors(built: Path) -> None:
+    unshare = shutil.which("unshare")
+    namespace = [unshare or "unshare", "--pid", "--fork", "--mount-proc"]
+    if unshare is None or subprocess.run([*namespace, "true"], capture_output=True, check=False).returncode != 0:  # noqa: S603
+        pytest.skip("no PID namespaces here")
+    script = 'setsid sh -c "sleep 300 & sleep 300" </dev/null >/dev/null 2>&1 & sleep 0.3; exec "$1" -I -c "$2" "$3"'
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import grade; print(grade.kill_strays(), grade.kill_strays())"
+    hidden = str(built / "train" / "calc-001" / "hidden")
+    env = {"PATH": os.environ["PATH"], "ORCHARD_GRADER_DIR": "/orchard/grader"}  # the namespaced runtime's path
+    done = subprocess.run(  # noqa: S603
+        [*namespace, "sh", "-c", script, "sh", sys.executable, probe, hidden], env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    first, second = map(int, done.stdout.split())
+    assert first >= 2 and second == 0, done.stdout  # the daemons, setsid or not; then nothing left but itself
