@@ -11,6 +11,17 @@ import structlog
 LogFormat = Literal["auto", "console", "json"]
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written: loggers are cached on first use, and a caller that swaps
+    ``sys.stderr`` for a while (a test runner, ``click.testing``) must not leave them writing to a closed stream."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(fmt: LogFormat = "auto", level: str = "INFO") -> None:
     """Configure structlog once per process; ``auto`` picks console output only for a TTY."""
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
@@ -26,7 +37,7 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "INFO") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

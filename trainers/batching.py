@@ -1,8 +1,10 @@
 """Token-budget batching by packing: several samples share one row, with no attention across their boundaries.
 
-Choice: **packing**, not length bucketing. One optimizer step takes samples in arrival order until the next one would
-exceed ``batch_tokens * grad_accum`` tokens; first-fit decreasing packs them into rows (micro-batches) of at most
-``batch_tokens`` tokens each, batch size 1. Each sample's ``position_ids`` restart at 0 inside the row, and
+Choice: **packing**, not length bucketing. One optimizer step takes samples in the trainer's order (arrival order on
+a stream, the pass's order on a complete input) until the next one would exceed ``batch_tokens * grad_accum``
+tokens; the step's samples are sorted by ``Sample.key`` (so their arrival order within the step changes nothing),
+and first-fit decreasing packs them into rows (micro-batches) of at most ``batch_tokens`` tokens each, batch size 1.
+Each sample's ``position_ids`` restart at 0 inside the row, and
 transformers derives a block-causal mask from restarting positions (``masking_utils.find_packed_sequence_indices``,
 used for SDPA/eager when no attention mask is passed; FlashAttention takes the same positions as variable-length
 sequences), so no token attends across a sample boundary and the loss equals the per-sample computation (a test
@@ -45,6 +47,13 @@ class Sample:
     behaviour_logprobs: npt.NDArray[np.float32] | None
     reward: float
     weight: float = 1.0
+    task_id: str = ""
+    episode_id: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Its place in an order that depends on the samples alone, not on when they arrived."""
+        return (self.task_id, self.episode_id, self.sample_id)
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +93,8 @@ def sample_from_record(record: Mapping[str, Any]) -> Sample:
         advantages=advantages,
         behaviour_logprobs=behaviour if behaviour.shape[0] else None,
         reward=float(record["reward"]),
+        task_id=str(record["task_id"]),
+        episode_id=str(record["episode_id"]),
     )
 
 

@@ -13,6 +13,12 @@ A trainer with ``epochs > 1`` also records the pass it is in (``epoch``, from 0)
 (``epoch_start``, where each pass seeks back to) and, from the second pass on, the offsets the first pass ended at
 (``epoch_end``): a restart mid-pass resumes that pass where it was. Between stages (a single-pass trainer, or a
 finished multi-pass one) these are ``0, None, None``, so the next trainer starts its own stage at ``offsets``.
+
+A trainer with a complete input (``input: complete``) trains its stage's samples in an order of their own, not in
+offset order, so during its stage ``offsets`` stay at the stage's start (``epoch_start``), ``epoch_end`` is where its
+samples end (from the first pass on) and ``pass_position`` counts the samples of the current pass already trained:
+a restart reads the same samples, orders them the same way and skips that many. Its stage over, it checkpoints
+"between stages" like any other, with ``offsets`` at the end of its samples.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class TrainerState:
     epoch: int = 0
     epoch_start: Offsets | None = None
     epoch_end: Offsets | None = None
+    pass_position: int = 0
+    """With a complete input: how many samples of the current pass, in its order, are trained."""
 
     def to_json(self) -> bytes:
         """Serialise (partition keys become strings, as JSON requires)."""

@@ -123,11 +123,28 @@ class PolicyTrainerConfig(_Strict):
     publish_on_exit: bool = Field(True, description="Publish and checkpoint once more when the run ends.")
 
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None: run on).")
+    input: Literal["stream", "complete"] = Field(
+        "stream",
+        description="stream: train samples as they arrive (an open-ended input, as in RL); complete: the stage's "
+        "samples are all on the topic before it starts (their producers finished): read them up to input_end, put "
+        "them in a fixed order (order), make epochs passes over them, exit. No idle time decides anything.",
+    )
+    input_end: dict[str, dict[int, int]] | None = Field(
+        None,
+        description="input: complete: where the stage's samples end, {topic: {partition: offset}} (default: the "
+        "topic's end offsets when the stage's first trainer process starts; a restart keeps its checkpoint's).",
+    )
+    order: Literal["shuffle", "key"] = Field(
+        "shuffle",
+        description="input: complete: the order of each pass. key: sorted by (task_id, episode_id, sample_id); "
+        "shuffle: a permutation of that sorted list seeded by (seed, pass).",
+    )
     epochs: int = Field(
         1,
         ge=1,
-        description="Passes over the stage's samples: after the first (ended by idle_exit_s), seek back to where the "
-        "stage started and train the same records again, up to this many passes in all.",
+        description="Passes over the stage's samples, up to this many in all: with input: complete, over the "
+        "samples read; with input: stream, after the first (ended by idle_exit_s), seek back to where the stage "
+        "started and train the same records again.",
     )
     idle_flush_s: float = Field(
         5.0, ge=0.0, description="Train a partial step once no sample arrived for this long (the stream is idle)."
@@ -149,11 +166,26 @@ class PolicyTrainerConfig(_Strict):
     def _check_combinations(self) -> PolicyTrainerConfig:
         if self.backend == "deepspeed" and self.compile:
             raise ValueError("compile: torch.compile is configured through deepspeed_config with the deepspeed backend")
-        if self.epochs > 1 and self.idle_exit_s is None:
+        if self.input == "complete":
+            self._check_complete_input()
+        elif self.epochs > 1 and self.idle_exit_s is None:
             raise ValueError(
-                f"epochs: {self.epochs} passes need idle_exit_s, which ends the first pass (the stage's samples)"
+                f"epochs: {self.epochs} passes need idle_exit_s, which ends the first pass (the stage's samples), "
+                "or input: complete"
             )
+        elif self.input_end is not None:
+            raise ValueError("input_end: only input: complete reads up to an end")
         return self
+
+    def _check_complete_input(self) -> None:
+        idle = sorted({"idle_flush_s", "idle_exit_s"} & self.model_fields_set)
+        if idle:
+            raise ValueError(
+                f"{', '.join(idle)}: not used with input: complete (no idle time decides a step or the end)"
+            )
+        others = sorted(set(self.input_end or {}) - {self.topic})
+        if others:
+            raise ValueError(f"input_end: names {', '.join(others)}; this trainer reads only {self.topic}")
 
     @property
     def step_tokens(self) -> int:

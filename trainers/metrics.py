@@ -9,13 +9,19 @@ served over HTTP when ``metrics_port`` is set.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
 from orchard.logging import get_logger
+
+if TYPE_CHECKING:
+    from trainers.batching import PackedBatch, Sample
+    from trainers.losses import LossOutput
+    from trainers.staleness import LagStats
 
 log = get_logger("trainers.metrics")
 
@@ -104,3 +110,33 @@ class TrainerMetrics:
     def close(self) -> None:
         """Close the metrics file."""
         self._jsonl.close()
+
+
+def step_values(
+    samples: Sequence[Sample], batches: Sequence[PackedBatch], outputs: Sequence[LossOutput], lags: LagStats
+) -> dict[str, Any]:
+    """What one step trained, as its metrics line has it (the trainer adds step, time, version, lr and timing)."""
+    from trainers.batching import padding_waste  # torch: imported by the trainer that calls this anyway
+
+    rl_tokens = sum(o.rl_tokens for o in outputs)
+    loss_tokens = max(1.0, sum(o.loss_tokens for o in outputs))
+    advantages = np.concatenate([s.advantages[1:][s.loss_mask[1:] > 0] for s in samples])
+    return {
+        "loss": sum(float(o.loss.detach()) for o in outputs),
+        "samples": len(samples),
+        "tokens": sum(s.num_tokens for s in samples),
+        "micro_batches": len(batches),
+        "padding_waste": padding_waste(batches),
+        "reward_mean": float(np.mean([s.reward for s in samples])),
+        "advantage_mean": float(advantages.mean()) if advantages.size else 0.0,
+        "advantage_std": float(advantages.std()) if advantages.size else 0.0,
+        "advantage_min": float(advantages.min()) if advantages.size else 0.0,
+        "advantage_max": float(advantages.max()) if advantages.size else 0.0,
+        "clip_fraction": sum(o.clipped_tokens for o in outputs) / rl_tokens if rl_tokens else 0.0,
+        "ratio_mean": sum(o.ratio_sum for o in outputs) / rl_tokens if rl_tokens else 1.0,
+        "kl": sum(o.kl_sum for o in outputs) / loss_tokens,
+        "policy_lag_mean": lags.mean,
+        "policy_lag_max": lags.maximum,
+        "samples_dropped_stale": lags.dropped,
+        "samples_downweighted_stale": lags.downweighted,
+    }

@@ -5,11 +5,11 @@ The loop, top to bottom (``PolicyTrainer.run``):
 1. **restore**: load the newest checkpoint from the store (model, optimizer, scheduler, RNG, step, version) and seek
    the consumer to the offsets it was trained up to; without one, start from the seeded initial weights and the
    group's committed offsets (or the beginning of the topic);
-2. **poll** (at most ``poll_timeout_s``), decode each record into a ``Sample`` (undecodable or inconsistent records
-   are dead-lettered and skipped), and queue it in arrival order;
+2. **poll** (at most ``poll_timeout_s``), decode each record into a ``Sample`` (``trainers.intake``: undecodable or
+   inconsistent records are dead-lettered and skipped), and queue it in arrival order;
 3. **form a step**: take queued samples in order until the next one would overflow ``batch_tokens * grad_accum``;
-   each sample's staleness is judged now, against the current version (dropped or down-weighted); a partial step is
-   taken once the stream has been idle ``idle_flush_s``;
+   each sample's staleness is judged now, against the current version (dropped or down-weighted); the step's samples
+   are sorted by key; a partial step is taken once the stream has been idle ``idle_flush_s``;
 4. **train**: pack the step's samples into rows (``trainers.batching``), forward/backward each row with the
    step-normalised loss (``trainers.losses``), one optimizer step (clip, AdamW, schedule);
 5. every ``publish_every`` steps **publish** the weights (safetensors + manifest) and a ``PolicyVersion``; every
@@ -28,6 +28,11 @@ the pass is queued. The pass, the stage's start and the first pass's end are in 
 resumes that pass; a stage that is over checkpoints as "between stages" (pass 0 from its end offsets), which is where
 the next stage's trainer (same run and model name) starts.
 
+A complete input (``input: complete``, ``trainers.stage_input``) replaces step 2 and every idle rule: the stage's
+samples are read to their end first; each pass then queues them in its own order (key order, or a seeded shuffle of
+it) and forms steps from that queue as in step 3, its last step partial. Offsets stay at the stage's start until the
+stage is over; the checkpoint counts the samples of the pass trained (``pass_position``).
+
 A version re-published after a crash (the previous process published it after its last checkpoint) already exists
 in the store: the trainer keeps the stored files and announces the version again (engines ignore versions that are
 not newer than the one they serve).
@@ -35,7 +40,6 @@ not newer than the one they serve).
 
 from __future__ import annotations
 
-import hashlib
 import random
 import shutil
 import tempfile
@@ -50,23 +54,22 @@ import torch
 
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, open_bus
 from orchard.bus.dead_letter import DeadLetterRouter
-from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
 from orchard.logging import get_logger
-from orchard.serialization_errors import SerializationError
 from orchard.store import ArtifactStore, open_store
 from orchard.store.versions import manifest_key
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
 from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, resolve_device
-from trainers.batching import PackedBatch, Sample, pack_step, padding_waste, sample_from_record
+from trainers.batching import PackedBatch, Sample, pack_step
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.config import PolicyTrainerConfig
-from trainers.exceptions import InvalidSampleError
+from trainers.intake import SampleIntake
 from trainers.losses import LossOutput, packed_loss, token_logprobs
-from trainers.metrics import TrainerMetrics
+from trainers.metrics import TrainerMetrics, step_values
+from trainers.stage_input import pass_order, read_to_end, stage_bounds, unique_sorted
 from trainers.staleness import LagStats, StalenessCheck
-from trainers.weights import policy_artifact_name, publish_policy_version
+from trainers.weights import announce_published_version, policy_artifact_name, publish_policy_version
 
 log = get_logger("trainers.policy")
 
@@ -140,6 +143,7 @@ class PolicyTrainer:
         self.epoch = 0  # the pass over the stage's samples, from 0
         self.epoch_start: Offsets = {}  # where the stage started: each pass seeks back here
         self.epoch_end: Offsets | None = None  # where the first pass ended (known from the second pass on)
+        self.pass_position = 0  # complete input: samples of the current pass trained, in its order
         self._stage_done = False
         self.summary = RunSummary(policy_version=self.policy_version)
         self._queue: deque[_Queued] = deque()
@@ -152,7 +156,7 @@ class PolicyTrainer:
     # ------------------------------------------------------------------------------------------------ the loop
 
     def run(self) -> RunSummary:
-        """Train until ``max_steps`` (or, with ``idle_exit_s``, until the stream stays idle); return a summary."""
+        """Train until ``max_steps``, the last pass over a complete input, or (``idle_exit_s``) an idle stream."""
         self._prepare_torch()
         self._build_model()
         self._create_topics()
@@ -161,7 +165,10 @@ class PolicyTrainer:
         router = DeadLetterRouter(producer, self.codec, consumer_group=self.config.group_id)
         try:
             self._restore(consumer)
-            self._loop(consumer, producer, router)
+            if self.config.input == "complete":
+                self._train_complete(consumer, producer, router)
+            else:
+                self._loop(consumer, producer, router)
             self._finish(consumer, producer, router)
         finally:
             consumer.close()
@@ -211,8 +218,10 @@ class PolicyTrainer:
             self._next_epoch(consumer)
         if self._reached_max_steps() and self.config.epochs > 1:
             self._end_stage()
-        if not step.samples:
-            return
+        if step.samples:
+            self._publish_or_checkpoint(consumer, producer, router)
+
+    def _publish_or_checkpoint(self, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
         if self.step % self.config.publish_every == 0:
             self._publish(producer)
         if self.step % self.config.checkpoint_every == 0:
@@ -228,6 +237,10 @@ class PolicyTrainer:
 
     def _reached_max_steps(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
+
+    def _multi_pass(self) -> bool:
+        """Whether the checkpoint carries the pass and the stage's offsets (several passes, or a complete input)."""
+        return self.config.epochs > 1 or self.config.input == "complete"
 
     # ------------------------------------------------------------------------------------------------ epochs
 
@@ -280,8 +293,53 @@ class PolicyTrainer:
             for partition, end in parts.items():
                 mine = self.consumed.setdefault(topic, {})
                 mine[partition] = max(mine.get(partition, 0), end)
-        self.epoch, self.epoch_start, self.epoch_end = 0, _copy(self.consumed), None
+        self.epoch, self.epoch_start, self.epoch_end, self.pass_position = 0, _copy(self.consumed), None, 0
         self._stage_done = True
+
+    # ------------------------------------------------------------------------------------------------ complete input
+
+    def _train_complete(self, consumer: Consumer, producer: Producer, router: DeadLetterRouter) -> None:
+        """A complete input (``trainers.stage_input``): read the stage's samples, then train its passes over them."""
+        items = self._read_stage(consumer, router)
+        while not self._done():
+            order = pass_order(items, self.config.order, self.config.seed, self.epoch)
+            self._queue = deque(order[self.pass_position :])
+            if not self._queue:
+                self._end_pass()
+            while self._queue and not self._done() and (step := self._form_step(full_only=False)) is not None:
+                if step.samples:
+                    self._train(step)
+                self.pass_position += len(step.consumed)
+                if not self._queue:
+                    self._end_pass()
+                if self._reached_max_steps() and not self._stage_done:
+                    self._end_stage()
+                if step.samples:
+                    self._publish_or_checkpoint(consumer, producer, router)
+
+    def _end_pass(self) -> None:
+        self.epoch, self.pass_position = self.epoch + 1, 0
+        self.summary.epochs += 1
+        log.info("pass over the stage's samples done", epoch=self.epoch, of=self.config.epochs, step=self.step)
+        if self.epoch >= self.config.epochs:
+            self._end_stage()
+
+    def _read_stage(self, consumer: Consumer, router: DeadLetterRouter) -> list[_Queued]:
+        """Every valid sample of the stage, once each, in key order (a restart reads them quietly: judged before)."""
+        resumed = self.epoch_end is not None
+        ends = self.epoch_end or self.config.input_end
+        start, end = stage_bounds(self.bus, consumer, self.config.topic, self.epoch_start, ends)
+        self.epoch_start, self.epoch_end = _by_topic(start), _by_topic(end)
+        self.consumed = _copy(self.epoch_start)  # offsets stay at the stage's start until it is over
+        items = []
+        for record in read_to_end(consumer, end, self.config.poll_timeout_s):
+            sample = self.intake.retake(record) if resumed else self._sample(record, router)
+            if sample is not None:
+                items.append(_Queued(record.topic_partition, record.offset, sample))
+        kept = unique_sorted(items, _item_key, lambda item: item.sample.sample_id if item.sample else "")
+        log.info("stage samples read", samples=len(kept), duplicates=len(items) - len(kept), start=self.epoch_start,
+                 end=self.epoch_end, epoch=self.epoch, pass_position=self.pass_position)  # fmt: skip
+        return kept
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -297,9 +355,10 @@ class PolicyTrainer:
     def _build_model(self) -> None:
         model = load_policy_model(self.config.model)
         self.pad_token_id = int(model.config.pad_token_id or 0)
-        self.vocab_size = int(model.config.vocab_size)
         context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-        self.max_sample_tokens = self.config.max_sample_tokens or context or None
+        max_tokens = self.config.max_sample_tokens or context or None
+        vocab_size = int(model.config.vocab_size)
+        self.intake = SampleIntake(self.run_id, self.config.loss.kind, vocab_size, max_tokens, self.codec, self.metrics)
         if self.config.loss.kl_coef > 0.0:
             reference = load_policy_model(self.config.model).to(self.device).eval()
             reference.requires_grad_(False)
@@ -325,10 +384,11 @@ class PolicyTrainer:
         restore_rng(checkpoint.tensors, checkpoint.state.python_rng, checkpoint.state.numpy_rng)
         state = checkpoint.state
         self.step, self.policy_version, self.consumed = state.step, state.policy_version, state.offsets
-        if self.config.epochs > 1:  # a checkpoint between stages (or older than epochs) starts a stage here
+        if self._multi_pass():  # a checkpoint between stages (or older than epochs) starts a stage here
             self.epoch = state.epoch
             self.epoch_start = _copy(state.epoch_start if state.epoch_start is not None else state.offsets)
             self.epoch_end = _copy(state.epoch_end) if state.epoch_end is not None else None
+            self.pass_position = state.pass_position if self.epoch_end is not None else 0
         self._last_published_step = self._last_checkpoint_step = state.step
         self.summary = RunSummary(
             steps=state.step,
@@ -355,54 +415,7 @@ class PolicyTrainer:
             self._queue.append(_Queued(tp, record.offset, self._sample(record, router)))
 
     def _sample(self, record: Record, router: DeadLetterRouter) -> Sample | None:
-        if self.epoch > 0:
-            return self._replayed_sample(record)
-        decoded = router.decode(record, "TrainingSample")
-        if decoded is None:
-            self.metrics.count("samples_skipped")
-            return None
-        fields = decoded.record
-        reason = self._skip_reason(fields)
-        if reason is None:
-            try:
-                sample = sample_from_record(fields)
-            except InvalidSampleError as exc:
-                router.send(record, str(exc), type(exc).__name__)
-                self.metrics.count("samples_skipped")
-                return None
-            reason = self._shape_problem(sample)
-            if reason is None:
-                return sample
-        log.warning("sample skipped", sample_id=fields["sample_id"], reason=reason, offset=record.offset)
-        self.metrics.count("samples_skipped")
-        return None
-
-    def _replayed_sample(self, record: Record) -> Sample | None:
-        """A record of a replayed pass: skipped quietly if the first pass skipped it (letter, count and log done)."""
-        try:
-            decoded = self.codec.decode(record.value)
-            if decoded.name != "TrainingSample" or self._skip_reason(decoded.record) is not None:
-                return None
-            sample = sample_from_record(decoded.record)
-        except (SerializationError, InvalidSampleError):
-            return None
-        return sample if self._shape_problem(sample) is None else None
-
-    def _shape_problem(self, sample: Sample) -> str | None:
-        if self.max_sample_tokens is not None and sample.num_tokens > self.max_sample_tokens:
-            return f"{sample.num_tokens} tokens, over max_sample_tokens={self.max_sample_tokens}"
-        low, high = int(sample.token_ids.min()), int(sample.token_ids.max())
-        if low < 0 or high >= self.vocab_size:
-            return f"token ids in [{low}, {high}] outside the model's vocabulary of {self.vocab_size}"
-        return None
-
-    def _skip_reason(self, fields: dict[str, Any]) -> str | None:
-        if fields["run_id"] != self.run_id:
-            return f"run {fields['run_id']!r}, this trainer trains run {self.run_id!r}"
-        kind = self.config.loss.kind
-        if kind != "auto" and fields["kind"] != kind.upper():
-            return f"a {fields['kind']} sample, this trainer trains {kind.upper()} only (loss.kind)"
-        return None
+        return self.intake.retake(record) if self.epoch > 0 else self.intake.take(record, router)
 
     def _form_step(self, *, full_only: bool) -> _Step | None:
         """The next step from the head of the queue; None if ``full_only`` and the budget is not filled yet."""
@@ -423,7 +436,7 @@ class PolicyTrainer:
             if full_only and tokens < budget:
                 return None
         consumed = [self._queue.popleft() for _ in range(cut)]
-        return _Step(consumed, kept, lags)
+        return _Step(consumed, sorted(kept, key=lambda sample: sample.key), lags)
 
     def _mark_consumed(self, consumed: list[_Queued]) -> None:
         for queued in consumed:
@@ -469,34 +482,15 @@ class PolicyTrainer:
         self, step: _Step, batches: list[PackedBatch], outputs: list[LossOutput], grad_norm: float, seconds: float
     ) -> None:
         tokens = sum(s.num_tokens for s in step.samples)
-        rl_tokens = sum(o.rl_tokens for o in outputs)
-        loss_tokens = max(1.0, sum(o.loss_tokens for o in outputs))
-        advantages = np.concatenate([s.advantages[1:][s.loss_mask[1:] > 0] for s in step.samples])
         values: dict[str, Any] = {
             "step": self.step,
             "time": time.time(),
             "policy_version": self.policy_version,
-            "loss": sum(float(o.loss.detach()) for o in outputs),
-            "samples": len(step.samples),
-            "tokens": tokens,
-            "micro_batches": len(batches),
-            "padding_waste": padding_waste(batches),
-            "reward_mean": float(np.mean([s.reward for s in step.samples])),
-            "advantage_mean": float(advantages.mean()) if advantages.size else 0.0,
-            "advantage_std": float(advantages.std()) if advantages.size else 0.0,
-            "advantage_min": float(advantages.min()) if advantages.size else 0.0,
-            "advantage_max": float(advantages.max()) if advantages.size else 0.0,
-            "clip_fraction": sum(o.clipped_tokens for o in outputs) / rl_tokens if rl_tokens else 0.0,
-            "ratio_mean": sum(o.ratio_sum for o in outputs) / rl_tokens if rl_tokens else 1.0,
-            "kl": sum(o.kl_sum for o in outputs) / loss_tokens,
+            **step_values(step.samples, batches, outputs, step.lags),
             "grad_norm": grad_norm,
             "lr": self.backend.lr,
             "seconds": seconds,
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-            "policy_lag_mean": step.lags.mean,
-            "policy_lag_max": step.lags.maximum,
-            "samples_dropped_stale": step.lags.dropped,
-            "samples_downweighted_stale": step.lags.downweighted,
         }
         for sample in step.samples:
             self.metrics.observe_lag(max(0, self.policy_version - sample.policy_version))
@@ -521,7 +515,8 @@ class PolicyTrainer:
         try:
             name = policy_artifact_name(self.run_id, self.config.model_name)
             if self.store.exists(manifest_key(name, version)):
-                self._announce_existing(producer, name, version)
+                announce_published_version(self.store, producer, run_id=self.run_id, model=self.config.model_name,
+                                           version=version, step=self.step, codec=self.codec)  # fmt: skip
             else:
                 files = self.backend.export(work)
                 publish_policy_version(
@@ -544,37 +539,15 @@ class PolicyTrainer:
             since_step_s=round(time.perf_counter() - self._last_step_end, 3),
         )
 
-    def _announce_existing(self, producer: Producer, name: str, version: int) -> None:
-        """Announce a version an earlier process of this run published after its last checkpoint."""
-        key = manifest_key(name, version)
-        manifest = self.store.read_manifest(name, version)
-        stored_step = manifest.metadata.get("trainer_step")
-        log.warning(
-            "version already published by an earlier run of this trainer; keeping it and announcing it again",
-            version=version,
-            step=self.step,
-            stored_step=stored_step,
-        )
-        record = {
-            "run_id": self.run_id,
-            "model": self.config.model_name,
-            "version": version,
-            "uri": f"{self.store.location}/{key}",
-            "sha256": hashlib.sha256(self.store.get_bytes(key)).hexdigest(),
-            "trainer_step": int(stored_step) if isinstance(stored_step, int) else self.step,
-            "metrics": {},
-            "created_at": now_ms(),
-        }
-        producer.send(POLICY_VERSIONS, self.codec.encode("PolicyVersion", record), key=self.config.model_name.encode())
-
     def _checkpoint(self, consumer: Consumer, router: DeadLetterRouter) -> None:
         router.flush()  # letters of skipped records are durable before their offsets are
         rng_tensors, python_rng, numpy_rng = capture_rng()
         counters = {"samples": float(self.summary.samples), "tokens": float(self.summary.tokens)}
         state = TrainerState(self.step, self.policy_version, _copy(self.consumed), counters, python_rng, numpy_rng)
-        if self.config.epochs > 1 and not self._stage_done:
+        if self._multi_pass() and not self._stage_done:
             state.epoch, state.epoch_start = self.epoch, _copy(self.epoch_start)
             state.epoch_end = _copy(self.epoch_end) if self.epoch_end is not None else None
+            state.pass_position = self.pass_position
         if self.checkpoints.save({**self.backend.state_tensors(), **rng_tensors}, state):
             self.metrics.count("checkpoints")
         self._last_checkpoint_step = self.step
@@ -614,3 +587,15 @@ class PolicyTrainer:
 
 def _copy(offsets: Offsets) -> Offsets:
     return {topic: dict(parts) for topic, parts in offsets.items()}
+
+
+def _by_topic(offsets: dict[TopicPartition, int]) -> Offsets:
+    grouped: Offsets = {}
+    for tp, offset in offsets.items():
+        grouped.setdefault(tp.topic, {})[tp.partition] = offset
+    return grouped
+
+
+def _item_key(item: _Queued) -> tuple[Any, ...]:
+    """Key order, then the first delivery of a sample id (lowest partition and offset) first."""
+    return (item.sample.key if item.sample else ("", "", ""), item.tp.partition, item.offset)

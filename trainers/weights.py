@@ -14,9 +14,12 @@ from typing import Any
 from orchard.bus import Producer
 from orchard.clock import now_ms
 from orchard.codec import Codec
+from orchard.logging import get_logger
 from orchard.store import ArtifactStore, Manifest
 from orchard.store.versions import manifest_key
 from orchard.topics import POLICY_VERSIONS
+
+log = get_logger("trainers.weights")
 
 
 def policy_artifact_name(run_id: str, model: str) -> str:
@@ -53,3 +56,35 @@ def publish_policy_version(
     }
     producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
     return manifest, record
+
+
+def announce_published_version(
+    store: ArtifactStore,
+    producer: Producer,
+    *,
+    run_id: str,
+    model: str,
+    version: int,
+    step: int,
+    codec: Codec | None = None,
+) -> int | None:
+    """Announce ``version``, already in the store (an earlier process of the trainer published it after its last
+    checkpoint), with the step its manifest records (else ``step``); return the recorded step, if any."""
+    name = policy_artifact_name(run_id, model)
+    key = manifest_key(name, version)
+    stored_step = store.read_manifest(name, version).metadata.get("trainer_step")
+    recorded = int(stored_step) if isinstance(stored_step, int) else None
+    log.warning("version already published by an earlier run of this trainer; keeping it and announcing it again",
+                version=version, step=step, stored_step=recorded)  # fmt: skip
+    record = {
+        "run_id": run_id,
+        "model": model,
+        "version": version,
+        "uri": f"{store.location}/{key}",
+        "sha256": hashlib.sha256(store.get_bytes(key)).hexdigest(),
+        "trainer_step": recorded if recorded is not None else step,
+        "metrics": {},
+        "created_at": now_ms(),
+    }
+    producer.send(POLICY_VERSIONS, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
+    return recorded

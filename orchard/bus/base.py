@@ -227,6 +227,10 @@ class Bus(ABC):
         """Partitions and offsets of one topic; ``TopicNotFoundError`` if absent."""
 
     @abstractmethod
+    def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The offsets ``group`` has committed, per partition, read without joining it (empty if it never has)."""
+
+    @abstractmethod
     def producer(self) -> Producer:
         """An idempotent producer."""
 

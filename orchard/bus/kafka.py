@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_STORED,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -163,6 +164,14 @@ class KafkaBus(Bus):
                         f"cannot read offsets of {part.topic}[{part.partition}]: {exc.args[0].str()}"
                     ) from exc
                 time.sleep(0.1)
+
+    def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The offsets ``group`` has committed (an OffsetFetch through the admin client: nobody joins the group)."""
+        request = [ConsumerGroupTopicPartitions(group)]
+        with kafka_errors(f"reading the committed offsets of group {group!r}"):
+            result = self.admin.list_consumer_group_offsets(request)[group].result(timeout=METADATA_TIMEOUT_S)
+        parts = result.topic_partitions or []
+        return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
     def offsets_for_time(self, parts: Sequence[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int]:
         """Per partition, the first offset whose timestamp is at or after ``timestamp_ms``, else its end.

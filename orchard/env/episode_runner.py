@@ -17,12 +17,18 @@ grading, its error naming what happened with the last lines of the harness's std
 proxy (the proxy's ``calls_received``): an interpreter that cannot import its agent, a missing dependency, a bad
 flag. A harness that made a model call and then exits non-zero is graded like any other. Every path ends with
 exactly one outcome.
+
+Each step is an event of the episode (``GET /episodes/{id}/events``), in this order: ``sandbox-created``,
+``sandbox-ready`` (the proxy token issued), ``harness-prepared`` and ``harness-ran`` (the harness's command started
+and exited; their ``at`` is when, the event's ``time`` when the Env noted it), ``harness-exited`` (its artifacts
+collected), ``proxy-closed``, ``graded`` and ``published``; ``benchmarks/episodes.py`` times the phases between them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from typing import Any
 
 import httpx
@@ -35,7 +41,15 @@ from orchard.env.runtime import Runtime, Sandbox, SandboxSpec
 from orchard.env.scheduler import Episode, EpisodeState, EventSink, InfrastructureError
 from orchard.env.tasks import Grade, TaskCatalog, TaskSpec, grade
 from orchard.exceptions import OrchardError
-from orchard.harnesses.base import HarnessAdapter, HarnessRun, HarnessTask, ModelEndpoint, get_adapter, run_harness
+from orchard.harnesses.base import (
+    HarnessAdapter,
+    HarnessRun,
+    HarnessTask,
+    ModelEndpoint,
+    PhaseHook,
+    get_adapter,
+    run_harness,
+)
 from orchard.logging import get_logger
 from orchard.topics import OUTCOMES
 
@@ -125,16 +139,18 @@ class LocalEpisodeRunner:
         self._started[episode.episode_id] = now_ms()
         sandbox = await self._sandbox(episode, task)
         try:
+            emit("sandbox-created", sandbox_id=sandbox.spec.sandbox_id)
             token = await self.proxy.open_episode(
                 episode.episode_id, task.task_id, request["harness"], request["model"], task.harness_timeout_s * 2
             )
             emit("sandbox-ready", sandbox_id=sandbox.spec.sandbox_id)
-            run = await self._harness(sandbox, task, request, token)
+            run = await self._harness(sandbox, task, request, token, emit)
             emit("harness-exited", exit_code=run.exit_code, timed_out=run.timed_out)
             received = self._note_calls(episode, await self.proxy.close_episode(episode.episode_id))
+            emit("proxy-closed", calls_received=received)
             ended = harness_end(run, received)
             if ended is not None:
-                return await self._ungraded(episode, ended, run, received)
+                return await self._ungraded(episode, ended, run, received, emit)
             return await self._graded(episode, sandbox, task, run, emit)
         finally:
             await asyncio.to_thread(self.runtime.delete, sandbox.spec.sandbox_id)
@@ -145,11 +161,14 @@ class LocalEpisodeRunner:
         self._versions[episode.episode_id] = summary.get("last_policy_version")
         return int(summary.get("calls_received", self._calls[episode.episode_id]))
 
-    async def _ungraded(self, episode: Episode, state: EpisodeState, run: HarnessRun, received: int) -> EpisodeState:
+    async def _ungraded(
+        self, episode: Episode, state: EpisodeState, run: HarnessRun, received: int, emit: EventSink
+    ) -> EpisodeState:
         """Publish the outcome of a harness that timed out, crashed or could not start (never graded)."""
         error = harness_failure(run, received)
         log.warning("harness_failed", episode=episode.episode_id, state=state.value, error=error)
         await self._publish(episode, state, None, error, run)
+        emit("published", status=state.value)
         episode.result = {"harness_exit_code": run.exit_code}
         return state
 
@@ -164,6 +183,7 @@ class LocalEpisodeRunner:
         emit("graded", reward=verdict.reward, success=verdict.success)
         state = EpisodeState.SUCCEEDED if verdict.success else EpisodeState.FAILED
         await self._publish(episode, state, verdict, None, run)
+        emit("published", status=state.value)
         episode.result = {"reward": verdict.reward, "signals": verdict.signals, "harness_exit_code": run.exit_code}
         return state
 
@@ -201,13 +221,16 @@ class LocalEpisodeRunner:
         except Exception as exc:  # noqa: BLE001 - any failure to build the sandbox is the platform's
             raise InfrastructureError(f"sandbox for {episode.episode_id} could not be created: {exc}") from exc
 
-    async def _harness(self, sandbox: Sandbox, task: TaskSpec, request: dict[str, Any], token: str) -> HarnessRun:
+    async def _harness(
+        self, sandbox: Sandbox, task: TaskSpec, request: dict[str, Any], token: str, emit: EventSink
+    ) -> HarnessRun:
         adapter = _adapter(request)
         endpoint = ModelEndpoint.inside(sandbox, token, request["model"])
         harness_task = HarnessTask(
             instruction=task.instruction, max_steps=task.max_steps, timeout_s=task.harness_timeout_s
         )
-        return await asyncio.to_thread(run_harness, adapter, sandbox, endpoint, harness_task)
+        on_phase = _threadsafe_phases(emit)
+        return await asyncio.to_thread(run_harness, adapter, sandbox, endpoint, harness_task, on_phase)
 
     async def _publish(
         self, episode: Episode, state: EpisodeState, verdict: Grade | None, error: str | None, run: HarnessRun | None
@@ -231,6 +254,17 @@ class LocalEpisodeRunner:
         }
         value = self.codec.encode("EpisodeOutcome", record)
         await asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
+
+
+def _threadsafe_phases(emit: EventSink) -> PhaseHook:
+    """A ``run_harness`` phase hook for a worker thread: each phase becomes an event (``at``: when it happened)."""
+    loop = asyncio.get_running_loop()
+
+    def on_phase(kind: str) -> None:
+        at = time.time()
+        loop.call_soon_threadsafe(lambda: emit(kind, at=at))
+
+    return on_phase
 
 
 def _adapter(request: dict[str, Any]) -> HarnessAdapter:

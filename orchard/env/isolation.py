@@ -49,9 +49,6 @@ NAMESPACES = ("net", "uts", "ipc")
 """The namespaces a holder creates, as named under ``/proc/<pid>/ns``."""
 _NSENTER_OPTION = {"net": "--net", "uts": "--uts", "ipc": "--ipc"}
 
-INIT_SCRIPT = 'cd -- "$1" || exit 126; unset OLDPWD; shift; "$@"; exit $?'
-"""The command's wrapper inside the sandbox: enter the working directory (``$1``) as the sandbox's user, run the
-command as a child and pass its status on."""
 
 log = get_logger("orchard.env.isolation")
 
@@ -119,18 +116,21 @@ class Isolation:
         the spec asks for it."""
         chain: list[str] = list(cgroup_prefix)
         if self.namespaces:
-            chain += self._enter(namespace_fds, view, seccomp_fd, pty)
+            chain += self._enter(namespace_fds, view, seccomp_fd, pty, cwd)
         chain += [self.tools["prlimit"], *rlimit_args(limits, per_uid=uid is not None, whole=whole_sandbox_memory)]
         chain.append("--")
         chain += self._privilege_drop(uid)
         if pty:
             chain += [self.tools["setsid"], "--ctty", "--"]
-        if self.namespaces:
-            chain += ["/bin/sh", "-c", INIT_SCRIPT, "orchard-init", cwd]
         return [*chain, *argv]
 
     def _enter(
-        self, namespace_fds: dict[str, int] | None, view: SandboxView | None, seccomp_fd: int | None, pty: bool
+        self,
+        namespace_fds: dict[str, int] | None,
+        view: SandboxView | None,
+        seccomp_fd: int | None,
+        pty: bool,
+        cwd: str,
     ) -> list[str]:
         if view is None or seccomp_fd is None:
             raise SandboxStartError("a namespaced sandbox command needs its view and seccomp filter")
@@ -146,7 +146,7 @@ class Isolation:
             bwrap += ["--unshare-user", "--unshare-net", "--unshare-uts", "--unshare-ipc"]
         if not pty:  # a PTY's command becomes a session leader itself (setsid --ctty)
             bwrap.append("--new-session")
-        return [*chain, *bwrap, *view.bwrap_args(), "--"]
+        return [*chain, *bwrap, *view.bwrap_args(), "--chdir", cwd, "--"]
 
     def _privilege_drop(self, uid: int | None) -> list[str]:
         if self.mode == "none" and uid is None:

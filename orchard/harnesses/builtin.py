@@ -1,14 +1,18 @@
-"""Adapter of Orchard's built-in agent (``orchard.harnesses.builtin_agent``), run with any Python that has httpx.
+"""Adapter of Orchard's built-in agent (``orchard.harnesses.builtin_agent``), run with any Python 3.11+ (the agent
+needs only the standard library).
 
 Files in the sandbox (``~/.orchard/harness/builtin/``): ``builtin_agent.py`` (the agent's source, copied from this
 process's own ``orchard``), ``task.md`` (the instruction) and ``trajectory.jsonl`` (what the agent writes). The proxy
-token reaches the agent as ``OPENAI_API_KEY``.
+token reaches the agent as ``OPENAI_API_KEY``. Every episode pays for each sandbox exec, so ``prepare`` writes both
+files in one (the task text as an argument, the source on stdin) and ``collect`` reads the trajectory and the working
+copy's changes in one.
 
-The agent runs as ``python -I -u ~/.orchard/harness/builtin/builtin_agent.py``: isolated mode ignores every
+The agent runs as ``python -I -S -u ~/.orchard/harness/builtin/builtin_agent.py``: isolated mode ignores every
 ``PYTHON*`` variable (a ``PYTHONPATH`` or ``PYTHONHOME`` meant for someone else), the user's site-packages, and the
 working directory, so neither the sandbox's environment nor a task's own ``orchard`` package in the working copy
 decides which code runs, and the agent does not depend on where (or whether) the interpreter finds ``orchard``: a
-checkout the Env imported through its own ``PYTHONPATH`` may be invisible inside the sandbox.
+checkout the Env imported through its own ``PYTHONPATH`` may be invisible inside the sandbox. ``-S`` skips ``site``
+(site-packages, ``.pth`` files, ``sitecustomize``), which the agent does not need and every start would pay for.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from typing import Any
 
 from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
+    SETUP_TIMEOUT_S,
+    STATE_DIR,
     HarnessAdapter,
     HarnessArtifacts,
+    HarnessSetupError,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
-    collect_changes,
-    read_state_file,
+    read_state_file_and_changes,
     shell_command,
     write_state_file,
 )
@@ -36,13 +42,14 @@ TASK_FILE = "task.md"
 TRAJECTORY_FILE = "trajectory.jsonl"
 AGENT_FILE = "builtin_agent.py"
 AGENT_SOURCE = Path(__file__).with_name("builtin_agent.py")
-ISOLATED = ("-I", "-u")
-"""Interpreter flags: isolated mode (no ``PYTHON*`` variables, user site or working directory on the path), and
-unbuffered output."""
+ISOLATED = ("-I", "-S", "-u")
+"""Interpreter flags: isolated mode (no ``PYTHON*`` variables, user site or working directory on the path), no
+``site`` (the agent needs only the standard library: no site-packages, ``.pth`` files or ``sitecustomize`` to load at
+every start), and unbuffered output."""
 
 
 class BuiltinAgentAdapter(HarnessAdapter):
-    """Runs the built-in agent's source file with ``python -I -u`` against the endpoint."""
+    """Runs the built-in agent's source file with ``python -I -S -u`` against the endpoint."""
 
     name = "builtin"
 
@@ -56,7 +63,7 @@ class BuiltinAgentAdapter(HarnessAdapter):
         max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
-        """``python``: the interpreter inside the sandbox (default: this one, which has orchard and httpx).
+        """``python``: the interpreter inside the sandbox (default: this one).
         The rest are the agent's command-line options of the same names; ``extra_body`` is merged into requests."""
         self.python = python
         self.command_timeout_s = command_timeout_s
@@ -67,12 +74,18 @@ class BuiltinAgentAdapter(HarnessAdapter):
         self.extra_body = dict(extra_body or {})
 
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
-        """Write the task text and the agent's source."""
-        write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
-        write_state_file(sandbox, self.state(AGENT_FILE), AGENT_SOURCE.read_bytes())
+        """Write the task text and the agent's source, in one sandbox exec when the text fits in an argument."""
+        if not _fits_in_argument(task.instruction):
+            write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
+            write_state_file(sandbox, self.state(AGENT_FILE), AGENT_SOURCE.read_bytes())
+            return
+        argv = ["/bin/sh", "-c", _WRITE_BOTH, "orchard-write", self.name, task.instruction]
+        result = sandbox.exec(argv, timeout_s=SETUP_TIMEOUT_S, stdin=AGENT_SOURCE.read_bytes())
+        if result.exit_code != 0:
+            raise HarnessSetupError(f"cannot write the built-in agent's files in the sandbox: {result.stderr.strip()}")
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
-        """``python -I -u builtin_agent.py`` with the endpoint, limits and state file paths."""
+        """``python -I -S -u builtin_agent.py`` with the endpoint, limits and state file paths."""
         argv: list[ShellArg] = [
             self.python, *ISOLATED, self.state(AGENT_FILE),
             "--base-url", endpoint.base_url,
@@ -98,10 +111,9 @@ class BuiltinAgentAdapter(HarnessAdapter):
         return {"OPENAI_API_KEY": endpoint.api_key.get_secret_value(), "PYTHONUNBUFFERED": "1"}
 
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
-        """The trajectory JSONL, its ``end`` record's status and submission, and the working copy's patch."""
-        text = read_state_file(sandbox, self.name, TRAJECTORY_FILE)
+        """The trajectory JSONL, its ``end`` record's status and submission, and the working copy's patch (one exec)."""
+        text, patch, changed = read_state_file_and_changes(sandbox, self.name, TRAJECTORY_FILE, task.workdir)
         end = _last_end_record(text or "")
-        patch, changed = collect_changes(sandbox, task.workdir)
         return HarnessArtifacts(
             harness=self.name,
             exit_status=end.get("status"),
@@ -110,6 +122,19 @@ class BuiltinAgentAdapter(HarnessAdapter):
             patch=patch,
             changed_files=changed,
         )
+
+
+_WRITE_BOTH = (
+    f'd="${{HOME:?}}/{STATE_DIR}/$1"; mkdir -p "$d" && printf %s "$2" > "$d/{TASK_FILE}" && cat > "$d/{AGENT_FILE}"'
+)
+"""Writes ``$2`` (the task text) to ``task.md`` and stdin (the agent's source) to ``builtin_agent.py``."""
+MAX_ARGUMENT_BYTES = 32_768
+"""Longest task text passed as an argument; a longer one goes on stdin, in an exec of its own (Linux refuses one
+argument over 128 KiB, and an exec through the Kubernetes API carries its argv in the URL)."""
+
+
+def _fits_in_argument(text: str) -> bool:
+    return "\0" not in text and len(text.encode()) <= MAX_ARGUMENT_BYTES
 
 
 def _last_end_record(text: str) -> dict[str, Any]:

@@ -2,16 +2,21 @@
 
 Run inside a sandbox as::
 
-    OPENAI_API_KEY=<proxy token> python -m orchard.harnesses.builtin_agent \
+    OPENAI_API_KEY=<proxy token> python -I -S -m orchard.harnesses.builtin_agent \
         --base-url http://127.0.0.1:9000/v1 --model policy --task-file task.md --max-steps 30
 
-It needs only the standard library and httpx (it runs with whatever interpreter the sandbox has), so it does not use
-structlog or pydantic: progress goes to stderr as JSON lines, and the trajectory to a JSONL file.
+It needs only the standard library (it runs with whatever interpreter the sandbox has, with ``-S`` too), and imports
+little of it, because its start-up is paid by every episode: no structlog, pydantic or httpx, no ``typing``,
+``dataclasses`` or ``pathlib`` at run time. Progress goes to stderr as JSON lines, and the trajectory to a JSONL file.
 
 The loop: a system prompt and the task, then up to ``--max-steps`` chat completions (not streamed) with two tools,
 ``shell`` (run a command in the working directory with ``/bin/sh -c``; the reply is the exit code and the output,
 stdout and stderr merged, truncated in the middle to ``--max-output-chars``) and ``submit`` (end the episode). The
 assistant message is appended to the history exactly as returned, then one ``tool`` message per call, in order.
+
+Model calls are plain HTTP/1.1 over a socket, one connection per call (``Connection: close``; ``http.client`` for an
+``https`` base URL), so no call ever meets a kept-alive connection the server dropped while a tool ran. The base URL
+is the endpoint itself: ``HTTP_PROXY``-style variables are not honoured.
 
 How it ends (the ``status`` of the trajectory's last record, and the exit code):
 
@@ -28,15 +33,23 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
 
-import httpx
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: importing typing would cost every episode's start-up
+    from collections.abc import Sequence
+    from typing import Any, Protocol, TextIO
+
+    class JsonResponse(Protocol):
+        """What ``_completion`` reads: this module's ``HttpResponse``, or an httpx response."""
+
+        text: str
+
+        def json(self) -> Any: ...
+
 
 SYSTEM_PROMPT = """You are an autonomous software agent working in a Unix shell.
 Use the `shell` tool to run commands in the working directory (each call runs in a fresh `/bin/sh`; state such as
@@ -70,30 +83,44 @@ SUBMIT_TOOL: dict[str, Any] = {
 TOOLS = [SHELL_TOOL, SUBMIT_TOOL]
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+MAX_HEADER_LINE = 65_536
+USER_AGENT = "orchard-builtin-agent"
 
 
 class ModelError(RuntimeError):
     """The model API failed for good (after retries, or with a non-retryable answer)."""
 
 
-@dataclass
+class TransportError(OSError):
+    """The model API could not be reached, or its answer was not HTTP (retried like a refused connection)."""
+
+
 class AgentConfig:
     """Command-line settings of one run."""
 
-    base_url: str
-    model: str
-    task: str
-    api_key: str
-    max_steps: int = 30
-    timeout_s: float = 1800.0
-    command_timeout_s: float = 120.0
-    max_output_chars: int = 10_000
-    request_timeout_s: float = 600.0
-    retries: int = 3
-    temperature: float | None = None
-    max_tokens: int | None = None
-    trajectory: Path = Path("trajectory.jsonl")
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        task: str,
+        api_key: str,
+        max_steps: int = 30,
+        timeout_s: float = 1800.0,
+        command_timeout_s: float = 120.0,
+        max_output_chars: int = 10_000,
+        request_timeout_s: float = 600.0,
+        retries: int = 3,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        trajectory: str | os.PathLike[str] = "trajectory.jsonl",
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.base_url, self.model, self.task, self.api_key = base_url, model, task, api_key
+        self.max_steps, self.timeout_s, self.command_timeout_s = max_steps, timeout_s, command_timeout_s
+        self.max_output_chars, self.request_timeout_s, self.retries = max_output_chars, request_timeout_s, retries
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.trajectory = trajectory
+        self.extra_body: dict[str, Any] = {} if extra_body is None else extra_body
 
 
 # ---------------------------------------------------------------------------------------------------- tools
@@ -132,23 +159,170 @@ def run_shell(command: str, timeout_s: float, max_output_chars: int) -> tuple[in
     return code, truncate_middle(output, max_output_chars)
 
 
+# ---------------------------------------------------------------------------------------------------- http
+class HttpResponse:
+    """A whole HTTP response: its status and body."""
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code, self.content = status_code, content
+
+    @property
+    def text(self) -> str:
+        """The body as text (UTF-8, undecodable bytes replaced)."""
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON (``ValueError`` if it is not)."""
+        return json.loads(self.content)
+
+
+def split_url(url: str) -> tuple[str, str, str, int, str]:
+    """``(scheme, authority, host, port, path)`` of an absolute URL (``urllib.parse`` would cost every start-up ~2 ms).
+
+    >>> split_url("http://127.0.0.1:9000/v1/")
+    ('http', '127.0.0.1:9000', '127.0.0.1', 9000, '/v1/')
+    >>> split_url("HTTPS://user@[::1]"), split_url("http://h")
+    (('https', '[::1]', '::1', 443, '/'), ('http', 'h', 'h', 80, '/'))
+    """
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    authority = netloc.rpartition("@")[2]
+    if authority.startswith("["):
+        host, _, port = authority[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = authority.partition(":")
+    default = 443 if scheme.lower() == "https" else 80
+    return scheme.lower(), authority, host, int(port) if port.isdigit() else default, slash + path or "/"
+
+
+class HttpEndpoint:
+    """POSTs JSON to paths under a base URL, one connection per request; transport failures raise ``OSError``."""
+
+    def __init__(self, base_url: str, api_key: str, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/") + "/"
+        self.scheme, authority, self.host, self.port, self.prefix = split_url(self.base_url)
+        self.timeout_s = timeout_s
+        self.headers = {
+            "Host": authority,
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+            "Connection": "close",
+        }
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def post(self, path: str, body: Any) -> HttpResponse:
+        """POST ``body`` as JSON to ``path`` (relative to the base URL) and read the whole answer."""
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        target = self.prefix + path
+        if self.scheme not in ("http", "https") or not self.host:
+            raise TransportError(f"not an http(s) base URL: {self.base_url!r}")
+        if self.scheme == "https":
+            return self._post_tls(target, data)
+        head = [f"POST {target} HTTP/1.1", *(f"{k}: {v}" for k, v in self.headers.items())]
+        head.append(f"Content-Length: {len(data)}")
+        with socket.create_connection((_ascii_host(self.host), self.port), timeout=self.timeout_s) as sock:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
+            with sock.makefile("rb") as reader:
+                return read_response(reader)
+
+    def _post_tls(self, target: str, data: bytes) -> HttpResponse:
+        import http.client
+        import ssl
+
+        connection = http.client.HTTPSConnection(
+            self.host, self.port, timeout=self.timeout_s, context=ssl.create_default_context()
+        )
+        try:
+            connection.request("POST", target, body=data, headers=self.headers)
+            response = connection.getresponse()
+            return HttpResponse(response.status, response.read())
+        except http.client.HTTPException as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            connection.close()
+
+
+def _ascii_host(host: str) -> str | bytes:
+    """An ASCII host as bytes, which ``getaddrinfo`` takes as is (a ``str`` is IDNA-encoded: ~1 ms of imports)."""
+    return host.encode() if host.isascii() else host
+
+
+def read_response(reader: Any) -> HttpResponse:
+    """One HTTP/1.x response from a binary file (interim 1xx answers skipped): a body framed by ``Content-Length``,
+    chunked, or running to the end of the connection."""
+    while True:
+        status, headers = _read_head(reader)
+        if not 100 <= status < 200:
+            break
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return HttpResponse(status, _read_chunked(reader))
+    if "content-length" not in headers:
+        return HttpResponse(status, reader.read())
+    length = _number(headers["content-length"], 10)
+    return HttpResponse(status, _read_exactly(reader, length))
+
+
+def _read_head(reader: Any) -> tuple[int, dict[str, str]]:
+    """The status code and the headers (lower-case names) of one response."""
+    line = reader.readline(MAX_HEADER_LINE)
+    version, _, rest = line.partition(b" ")
+    if not version.startswith(b"HTTP/"):
+        raise TransportError(f"not an HTTP response: {line[:200]!r}")
+    status = _number(rest[:3].decode("latin-1"), 10)
+    headers: dict[str, str] = {}
+    while (line := reader.readline(MAX_HEADER_LINE)).strip():
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if not line:
+        raise TransportError("the connection closed inside the response headers")
+    return status, headers
+
+
+def _read_chunked(reader: Any) -> bytes:
+    """A chunked body, trailers dropped."""
+    chunks = []
+    while size := _number(reader.readline(MAX_HEADER_LINE).split(b";", 1)[0].strip().decode("latin-1"), 16):
+        chunks.append(_read_exactly(reader, size))
+        reader.readline(MAX_HEADER_LINE)
+    while reader.readline(MAX_HEADER_LINE).strip():
+        pass
+    return b"".join(chunks)
+
+
+def _read_exactly(reader: Any, size: int) -> bytes:
+    data = reader.read(size)
+    if len(data) < size:
+        raise TransportError(f"the connection closed {size - len(data)} bytes before the end of the body")
+    return bytes(data)
+
+
+def _number(text: str, base: int) -> int:
+    try:
+        return int(text, base)
+    except ValueError:
+        raise TransportError(f"malformed HTTP response: {text[:100]!r} is not a number") from None
+
+
 # ---------------------------------------------------------------------------------------------------- model
 class ChatClient:
-    """Chat completions over httpx with retries of transport errors, 429 and 5xx."""
+    """Chat completions with ``tools`` (the built-in ``shell`` and ``submit`` unless a subclass sets others), with
+    retries of transport errors, 429 and 5xx."""
+
+    tools: list[dict[str, Any]] = TOOLS
 
     def __init__(self, config: AgentConfig) -> None:
-        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self.config = config
-        self.http = httpx.Client(
-            base_url=config.base_url.rstrip("/") + "/", headers=headers, timeout=config.request_timeout_s
-        )
+        self.endpoint = HttpEndpoint(config.base_url, config.api_key, config.request_timeout_s)
 
     def complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """One non-streamed completion with the agent's tools."""
+        """One non-streamed completion with the client's tools (``extra_body`` is merged over the request)."""
         body: dict[str, Any] = {
             "model": self.config.model,
             "messages": messages,
-            "tools": TOOLS,
+            "tools": self.tools,
             "tool_choice": "auto",
             **self.config.extra_body,
         }
@@ -159,8 +333,8 @@ class ChatClient:
         for attempt in range(self.config.retries + 1):
             last_try = attempt == self.config.retries
             try:
-                response = self.http.post("chat/completions", json=body)
-            except httpx.TransportError as exc:
+                response = self.endpoint.post("chat/completions", body)
+            except OSError as exc:
                 if last_try:
                     raise ModelError(f"model API unreachable: {exc!r}") from exc
             else:
@@ -172,11 +346,10 @@ class ChatClient:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self.http.close()
+        """Nothing to release: every call has its own connection."""
 
 
-def _completion(response: httpx.Response) -> dict[str, Any]:
+def _completion(response: JsonResponse) -> dict[str, Any]:
     try:
         payload = response.json()
         message = payload["choices"][0]["message"]
@@ -191,9 +364,11 @@ def _completion(response: httpx.Response) -> dict[str, Any]:
 class Trajectory:
     """The run's JSONL record, one flushed line per event."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: TextIO = path.open("w", encoding="utf-8")
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        directory = os.path.dirname(os.fspath(path))
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self.file: TextIO = open(path, "w", encoding="utf-8")
 
     def write(self, event: str, **fields: Any) -> None:
         """Append one record ``{"event": ..., "time": ..., **fields}``."""
@@ -205,14 +380,14 @@ class Trajectory:
         self.file.close()
 
 
-@dataclass
 class Outcome:
     """How the loop ended."""
 
-    status: str
-    steps: int
-    submission: str | None = None
-    error: str | None = None
+    def __init__(self, status: str, steps: int, submission: str | None = None, error: str | None = None) -> None:
+        self.status, self.steps, self.submission, self.error = status, steps, submission, error
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.status!r}, {self.steps}, submission={self.submission!r}, error={self.error!r})"
 
 
 class Agent:
@@ -317,14 +492,22 @@ def _progress(event: str, **fields: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- entry
+class _Help(argparse.HelpFormatter):
+    """argparse's help at a fixed width: asking the terminal's would import ``shutil`` (and bz2, lzma) at every start,
+    since each ``add_argument`` builds a formatter."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=100)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     """The run's settings from the command line (and the API key from the environment)."""
     parser = argparse.ArgumentParser(
-        prog="python -m orchard.harnesses.builtin_agent", description=__doc__.split("\n")[0]
+        prog="python -m orchard.harnesses.builtin_agent", description=__doc__.split("\n")[0], formatter_class=_Help
     )
     parser.add_argument("--base-url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:9000/v1")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--task-file", required=True, type=Path, help="File holding the task text.")
+    parser.add_argument("--task-file", required=True, help="File holding the task text.")
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--timeout", type=float, default=1800.0, help="Wall-clock limit of the run, seconds.")
     parser.add_argument("--command-timeout", type=float, default=120.0, help="Limit of one shell command, seconds.")
@@ -333,7 +516,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--max-tokens", type=int)
-    parser.add_argument("--trajectory", type=Path, default=Path("trajectory.jsonl"))
+    parser.add_argument("--trajectory", default="trajectory.jsonl")
     parser.add_argument("--extra-body", default="{}", help="JSON object merged into every request body.")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="Environment variable holding the key.")
     args = parser.parse_args(argv)
@@ -342,7 +525,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     return AgentConfig(
         base_url=args.base_url,
         model=args.model,
-        task=args.task_file.read_text(encoding="utf-8"),
+        task=_read_text(args.task_file),
         api_key=os.environ.get(args.api_key_env, ""),
         max_steps=args.max_steps,
         timeout_s=args.timeout,
@@ -355,6 +538,11 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
         trajectory=args.trajectory,
         extra_body=json.loads(args.extra_body),
     )
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as file:
+        return file.read()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -279,17 +279,23 @@ class StageUntil(_Strict):
         description="Scorer names: every trajectory (with calls) of this run published since the stage began has a "
         "StepScore of each of them on scores (a stage that must not end before its dense rewards are in).",
     )
+    caught_up: list[str] = Field(
+        default_factory=list,
+        description="Consumer groups that have processed every record of the topics they read (committed past the "
+        "last record of each partition): e.g. a sample builder done with the trajectories, so that the samples the "
+        "next stage trains on (input: complete) are all on the bus.",
+    )
 
     @model_validator(mode="after")
     def _some_condition(self) -> StageUntil:
-        if not self.exits and self.policy_version is None and self.topic is None and not self.scored_by:
-            raise ValueError("give at least one of exits, policy_version, topic, scored_by")
+        if not (self.exits or self.policy_version is not None or self.topic or self.scored_by or self.caught_up):
+            raise ValueError("give at least one of exits, policy_version, topic, scored_by, caught_up")
         return self
 
     @property
     def reads_bus(self) -> bool:
         """Whether a condition is read from the bus (not only from component exits)."""
-        return self.policy_version is not None or self.topic is not None or bool(self.scored_by)
+        return self.policy_version is not None or self.topic is not None or bool(self.scored_by or self.caught_up)
 
 
 class StageConfig(_Strict):

@@ -3,7 +3,9 @@
 Stages run one after another. A stage's ``components`` may start only once the stage begins (components no stage
 lists may start at once); a stage is done when every condition of its ``until`` holds: components exited 0, a
 policy version published, a topic holding enough records of this run, every trajectory of this run since the stage
-began scored by the named scorers (``scored_by``). The bus conditions are read here, each topic once and
+began scored by the named scorers (``scored_by``), consumer groups done with every record of their topics
+(``caught_up``: what a sample builder made of the stage's trajectories is then all on the bus, so the next stage's
+trainer can take its samples as complete). The bus conditions are read here, each topic once and
 incrementally, without a group, so the supervisor's loop only asks ``done``. Records are counted by reading them,
 not from offsets: on a Kafka cluster a topic is shared by every run on it and transaction markers take offsets too,
 so only records that name this run (``run_id``) count. Finished stages are recorded in ``state.json``; a resumed run
@@ -71,6 +73,7 @@ class BusProbe:
         self._bus: Bus | None = None
         self._readers: dict[tuple[str, int | None], Consumer] = {}  # (topic, from when; None: the start)
         self._counts: dict[str, int] = {}
+        self._last_offsets: dict[TopicPartition, int] = {}  # of the records read from the start of a topic
         self._codec = Codec.default()
         self.newest_version: int | None = None
         self._trajectories: set[str] = set()  # episodes with calls whose trajectory came since ``scored_since``
@@ -85,14 +88,31 @@ class BusProbe:
         """
         if (topic, None) not in self._readers and topic not in set(self._open().list_topics()):
             return 0
+        self._scan(topic)
+        return self._counts.get(topic, 0)
+
+    def caught_up(self, group: str) -> bool:
+        """Whether consumer group ``group`` has committed past the last record of every partition of the topics it
+        has committed on (read to their ends here, so an offset no record took, a transaction marker, is not waited
+        for). False while it has committed nothing, or a topic is not read to its end yet."""
+        committed = self._open().committed_offsets(group)
+        topics = sorted({tp.topic for tp in committed})
+        for topic in topics:
+            self._scan(topic)
+        if not topics or not all(self._caught_up(topic, None) for topic in topics):
+            return False
+        return all(committed.get(tp, -1) > last for tp, last in self._last_offsets.items() if tp.topic in topics)
+
+    def _scan(self, topic: str) -> None:
+        """Read on in ``topic`` from its start: count this run's records and note each partition's last offset."""
         for record in self._read(topic):
+            self._last_offsets[record.topic_partition] = record.offset
             try:
                 run_id = self._codec.decode(record.value).record.get("run_id")
             except SerializationError:
                 run_id = None  # not an Orchard record: it cannot be another run's
             if run_id is None or run_id == self.run_id:
                 self._counts[topic] = self._counts.get(topic, 0) + 1
-        return self._counts.get(topic, 0)
 
     def policy_version(self) -> int | None:
         """The highest ``PolicyVersion.version`` of this run published so far."""
@@ -291,6 +311,8 @@ class StageRunner:
                 version = self.probe.policy_version()
                 if version is None or version < until.policy_version:
                     return False
+            if not all(self.probe.caught_up(group) for group in until.caught_up):
+                return False
             return not until.scored_by or self._scored(state, until.scored_by)
         except Exception as exc:  # noqa: BLE001 - a bus hiccup delays the stage; it must not end the run
             log.warning("stage condition unreadable", stage=stage.name, error=f"{type(exc).__name__}: {exc}")

@@ -9,8 +9,8 @@ It starts the services (``python -m recipes.claw.services`` on a free loopback p
 model every service tool (``recipes.claw.tools``) plus ``submit``, runs each tool call as an HTTP request against the
 services, and stops the services when it ends. Everything else is the built-in agent's
 (``orchard.harnesses.builtin_agent``): the loop, retries, limits, statuses and exit codes, and the trajectory JSONL
-(``start``, ``model_call``, ``tool_result`` with the tool's name, arguments and answer, ``end``). Standard library,
-httpx and ``orchard.harnesses.builtin_agent`` only.
+(``start``, ``model_call``, ``tool_result`` with the tool's name, arguments and answer, ``end``). Standard library
+and ``orchard.harnesses.builtin_agent`` only.
 """
 
 from __future__ import annotations
@@ -23,13 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from orchard.harnesses.builtin_agent import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
-    RETRY_STATUS,
     SUBMIT_TOOL,
     Agent,
     AgentConfig,
@@ -37,7 +34,6 @@ from orchard.harnesses.builtin_agent import (
     ModelError,
     Outcome,
     Trajectory,
-    _completion,
     _progress,
     parse_args,
     truncate_middle,
@@ -80,39 +76,11 @@ class Services:
 
 
 class ClawChatClient(ChatClient):
-    """The built-in agent's chat client, offering the Claw tools instead of ``shell``."""
+    """The built-in agent's chat client (its retries and limits), offering the Claw tools instead of ``shell``."""
 
     def __init__(self, config: AgentConfig, tools: list[dict[str, Any]]) -> None:
         super().__init__(config)
         self.tools = tools
-
-    def complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """One non-streamed completion with the Claw tools (transport errors, 429 and 5xx retried)."""
-        body: dict[str, Any] = {
-            "model": self.config.model,
-            "messages": messages,
-            "tools": self.tools,
-            "tool_choice": "auto",
-            **self.config.extra_body,
-        }
-        if self.config.temperature is not None:
-            body["temperature"] = self.config.temperature
-        if self.config.max_tokens is not None:
-            body["max_tokens"] = self.config.max_tokens
-        for attempt in range(self.config.retries + 1):
-            last_try = attempt == self.config.retries
-            try:
-                response = self.http.post("chat/completions", json=body)
-            except httpx.TransportError as exc:
-                if last_try:
-                    raise ModelError(f"model API unreachable: {exc!r}") from exc
-            else:
-                if response.status_code == 200:
-                    return _completion(response)
-                if response.status_code not in RETRY_STATUS or last_try:
-                    raise ModelError(f"model API answered {response.status_code}: {response.text[:2000]}")
-            time.sleep(min(2.0**attempt, 30.0))
-        raise AssertionError("unreachable")
 
 
 class ClawAgent(Agent):

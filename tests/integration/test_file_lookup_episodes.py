@@ -36,6 +36,9 @@ DEMOS = {  # episode id -> kind, status, success, reward, progress signals, mode
     "ep-wrong-key": (DemoKind.WRONG_KEY, "FAILED", False, 0.0, (1.0, 0.0, 1.0, 0.5), 3),
 }
 """Signals as (answer_format, answer_correct, right_file, progress)."""
+PHASES = ["queued", "started", "sandbox-created", "sandbox-ready", "harness-prepared", "harness-ran", "harness-exited",
+          "proxy-closed", "graded", "published", "ended"]  # fmt: skip
+"""The events of an episode that ran to its grade (``benchmarks/episodes.py`` times the phases between them)."""
 
 
 @pytest.fixture
@@ -97,6 +100,10 @@ def test_expert_demonstrations_run_through_the_harness_and_proxy_and_are_graded_
     episodes = run_episodes(stack, dict.fromkeys(DEMOS, request))
     assert [e.state.value for e in episodes] == [demo[1] for demo in DEMOS.values()], [e.error for e in episodes]
     assert all(e.state in (EpisodeState.SUCCEEDED, EpisodeState.FAILED) for e in episodes)
+    for episode in episodes:  # every phase an event, in order, each no earlier than the one before
+        assert [event["kind"] for event in episode.events] == PHASES
+        times = [event.get("at", event["time"]) for event in episode.events]
+        assert times == sorted(times)
 
     outcomes = {o["episode_id"]: o for o in read(stack["bus"], OUTCOMES)}
     calls: dict[str, list[int]] = {}

@@ -32,7 +32,15 @@ import pytest
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
 from orchard.env.runtime import ExecResult, FileEntry, Sandbox, SandboxSpec
 from orchard.harnesses import HarnessTask, ModelEndpoint, get_adapter, run_harness
-from orchard.harnesses.base import collect_changes
+from orchard.harnesses.base import (
+    HarnessSetupError,
+    StatePath,
+    collect_changes,
+    read_state_file,
+    read_state_file_and_changes,
+    write_state_file,
+)
+from orchard.harnesses.builtin import AGENT_SOURCE, MAX_ARGUMENT_BYTES
 from orchard.harnesses.codex_cli import to_toml
 from producers.proxy import BackgroundServer
 
@@ -382,6 +390,57 @@ def test_changes_outside_git_list_every_file(tmp_path: Path) -> None:
     box.write_file("dir/a.txt", b"a")
 
     assert collect_changes(box, ".") == ("", ["b.txt", "dir/a.txt"])
+
+
+class CountingSandbox(DirectorySandbox):
+    """A ``DirectorySandbox`` that counts its execs (each one is a sandboxed process start in a real runtime)."""
+
+    def __init__(self, spec: SandboxSpec, root: Path) -> None:
+        super().__init__(spec, root)
+        self.execs = 0
+
+    def exec(self, command: Sequence[str] | str, **options: Any) -> ExecResult:
+        self.execs += 1
+        return super().exec(command, **options)
+
+
+@pytest.mark.parametrize("repository", [True, False], ids=["git", "plain"])
+@pytest.mark.parametrize("trajectory", ['{"event": "end"}\n', None], ids=["trajectory", "no-trajectory"])
+def test_the_trajectory_and_the_changes_come_back_in_one_exec_as_they_do_in_two(
+    tmp_path: Path, repository: bool, trajectory: str | None
+) -> None:
+    source = make_task_repo(tmp_path / "task") if repository else tmp_path / "task"
+    source.mkdir(exist_ok=True)
+    spec = SandboxSpec(sandbox_id="collect", run_id="r", episode_id="e", task_id="t", source_dir=source)
+    box = CountingSandbox(spec, tmp_path / "box")
+    box.write_file("answer.txt", b"fixed\n")
+    if trajectory is not None:
+        write_state_file(box, StatePath("builtin", "trajectory.jsonl"), trajectory)
+    expected = (read_state_file(box, "builtin", "trajectory.jsonl"), *collect_changes(box, "."))
+    box.execs = 0
+
+    assert read_state_file_and_changes(box, "builtin", "trajectory.jsonl", ".") == expected
+    assert box.execs == 1
+    assert expected[0] == trajectory and expected[2] == ["answer.txt"]
+
+
+def test_collecting_from_a_missing_workdir_fails_as_the_two_execs_do(tmp_path: Path) -> None:
+    box = CountingSandbox(SandboxSpec(sandbox_id="c", run_id="r", episode_id="e", task_id="t"), tmp_path / "box")
+    with pytest.raises(HarnessSetupError, match=r"^git diff failed in 'gone' \(103\)"):
+        read_state_file_and_changes(box, "builtin", "trajectory.jsonl", "gone")
+
+
+@pytest.mark.parametrize("size", [100, 40_000], ids=["in-one-exec", "too-long-for-an-argument"])
+def test_the_built_in_agents_files_are_written_whole(tmp_path: Path, size: int) -> None:
+    box = CountingSandbox(SandboxSpec(sandbox_id="p", run_id="r", episode_id="e", task_id="t"), tmp_path / "box")
+    instruction = ("Read -n the 'file' \"$HOME\" %s é\n" * size)[:size] + "\n\n"
+    endpoint = ModelEndpoint(base_url="http://127.0.0.1:9/v1", api_key=TOKEN, model=MODEL)
+
+    get_adapter("builtin").prepare(box, endpoint, HarnessTask(instruction=instruction))
+
+    assert box.execs == (1 if size <= MAX_ARGUMENT_BYTES else 2)
+    assert (box.home / ".orchard/harness/builtin/task.md").read_text() == instruction
+    assert (box.home / ".orchard/harness/builtin/builtin_agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
 
 
 def test_codex_config_is_valid_toml() -> None:

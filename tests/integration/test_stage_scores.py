@@ -71,3 +71,54 @@ def test_a_stage_sees_its_trajectories_scored_through_transactions(
     finally:
         probe.close()
         txn.close()
+
+
+def caught_up_within(probe: BusProbe, group: str, wanted: bool, timeout_s: float) -> bool:
+    """Ask ``probe.caught_up`` until it answers ``wanted`` (or the timeout); return its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while (answer := probe.caught_up(group)) != wanted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return answer
+
+
+def test_a_group_is_caught_up_once_it_committed_past_every_record_of_its_topics(
+    bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str]
+) -> None:
+    """``until.caught_up``: a consume-transform-produce group (a sample builder) that has committed past the last
+    record of each partition, transaction markers of its input not waited for (Kafka), and not before."""
+    source, sink, group = unique_name("trajectories"), unique_name("samples"), unique_name("builder")
+    bus.create_topic(source, 2)
+    bus.create_topic(sink, 2)
+    writer = bus.transactional_producer(unique_name("assembler"))
+    for index in range(4):  # one transaction each, as the assembler writes: a marker after each on Kafka
+        writer.begin()
+        writer.produce(source, f"t{index}".encode(), f"k{index}".encode())
+        writer.commit()
+    probe = BusProbe(bus_config, "run")
+    builder = bus.consumer([source], group)
+    transform = bus.transactional_producer(unique_name("builder-tx"))
+    try:
+        assert caught_up_within(probe, group, True, 1.0) is False  # it has committed nothing
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < 4 and time.monotonic() < deadline:
+            for record in builder.poll(max_records=1, timeout_s=0.5):
+                seen.append(record.value)
+                transform.begin()
+                transform.produce(sink, record.value + b"|sample")
+                transform.commit(builder)
+                if len(seen) == 2:
+                    assert caught_up_within(probe, group, True, 1.0) is False  # two records still to process
+        assert sorted(seen) == [b"t0", b"t1", b"t2", b"t3"]
+        assert caught_up_within(probe, group, True, 30.0) is True
+        assert bus.committed_offsets(group) == builder.committed()  # read without joining: nobody else assigned
+        writer.begin()
+        writer.produce(source, b"t4", b"k4")
+        writer.commit()
+        assert caught_up_within(probe, group, False, 30.0) is False  # a record it has not processed yet
+        assert bus.committed_offsets(unique_name("never-ran")) == {}
+    finally:
+        builder.close()
+        transform.close()
+        writer.close()
+        probe.close()

@@ -68,10 +68,11 @@ def shrink(recipe: dict[str, Any], suite: Path) -> dict[str, Any]:
     for name, steps in (("trainer-credit", "2"), ("trainer-rl", "3"), ("trainer-dense", "4")):  # steps so far
         overrides = parts[name]["set"]
         set_override(overrides, "max_steps", steps)
-        set_override(overrides, "idle_exit_s", "5")
         set_override(overrides, "publish_every", "1")
-        if name == "trainer-credit":
+        if name == "trainer-credit":  # a complete input: it ends once its pass is done, no idle time to shorten
             set_override(overrides, "epochs", "1")
+        else:  # the dense stage's samples wait for their scores: a busy machine needs more than a few seconds
+            set_override(overrides, "idle_exit_s", "20")
     for name in ("rollout-rl", "rollout-dense"):
         parts[name].update(rounds=1, budget=2, min_rollouts=2, max_rollouts=2, wait_timeout_s=300)
     for name in ("builder-rl", "builder-dense"):

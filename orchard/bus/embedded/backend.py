@@ -134,6 +134,12 @@ class EmbeddedBus(Bus):
             config=dict(meta.get("config") or {}),  # type: ignore[call-overload]
         )
 
+    def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The offsets ``group`` has committed (read without joining it; empty for a group that never committed)."""
+        if not (self.root / "groups" / group).is_dir():
+            return {}
+        return self.group_offsets(group).read()
+
     def log_for(self, tp: TopicPartition) -> PartitionLog:
         """The partition log of ``tp`` (topic must exist)."""
         if tp not in self._logs:

@@ -46,6 +46,13 @@ PYTHON = "/usr/bin/python3"
 needs_python = pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason="needs the system python3")
 
 
+def shared_under_tmp(sandbox: LocalSandbox) -> list[str]:
+    """What a sandbox's own /tmp shows besides its files: the way to shared directories under the host's /tmp (a
+    checkout's virtualenv there, as in CI's clone)."""
+    shared = sandbox._runtime.shared
+    return sorted({p.relative_to("/tmp").parts[0] for p in shared if p.is_relative_to("/tmp")})  # noqa: S108
+
+
 def spec(sandbox_id: str, **fields: object) -> SandboxSpec:
     """A spec with test identities."""
     return SandboxSpec(sandbox_id=sandbox_id, run_id="run-1", episode_id=f"ep-{sandbox_id}", task_id="task", **fields)
@@ -436,7 +443,8 @@ def test_commands_run_unprivileged_in_their_own_namespaces(sandbox: LocalSandbox
     assert sandbox.exec("cat /tmp/mine").stdout == "private\n"  # /tmp lives as long as the sandbox
     assert not Path("/tmp/mine").exists()  # noqa: S108
     assert sandbox.exec(["mount", "-t", "tmpfs", "x", "/mnt"]).exit_code != 0
-    assert sandbox.exec("ls -A /dev/shm /var/tmp").stdout == "/dev/shm:\n\n/var/tmp:\nmine\n"  # /var/tmp is /tmp
+    assert sandbox.exec("ls -A /dev/shm").stdout == ""
+    assert sandbox.exec("ls -A /var/tmp").stdout.split() == sorted(["mine", *shared_under_tmp(sandbox)])  # is /tmp
     assert sandbox.exec("ls -A /run").stdout == ""
     seccomp = sandbox.exec("grep Seccomp: /proc/self/status").stdout.split()
     assert seccomp == ["Seccomp:", "2"]  # a filter is installed
@@ -849,7 +857,7 @@ def test_the_grader_runs_out_of_the_agents_reach(sandbox: LocalSandbox) -> None:
     seen = json.loads(run.outputs["seen.json"])
     assert seen["answer"] == "42\n"  # the working copy is the grader's input
     if sandbox.info().workdir == "/sandbox/work":  # namespaced: a fresh /tmp and $HOME, nothing of the agent's
-        assert (seen["tmp"], seen["home"]) == ([], [])
+        assert (seen["tmp"], seen["home"]) == (shared_under_tmp(sandbox), [])
     assert not any(entry in ("", ".", sandbox.info().workdir) for entry in seen["path"])  # -I: no cwd on sys.path
     assert "ORCHARD_GRADER_DIR" in seen["env"] and not any(name.startswith("PYTHON") for name in seen["env"])
     assert not (sandbox.workdir / ".orchard-signals.json").exists()  # a pre-written verdict is gone

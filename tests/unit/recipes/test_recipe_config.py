@@ -51,7 +51,7 @@ def test_the_recipe_validates_and_runs_every_training_stage_each_followed_by_a_h
     recipe: RunConfig,
 ) -> None:
     assert [stage.name for stage in recipe.stages] == [
-        "setup", "demos", "sft-successful", "eval-sft-successful", "credit-sft", "eval-credit-sft",
+        "setup", "demos", "sft-successful", "eval-sft-successful", "credit-samples", "credit-sft", "eval-credit-sft",
         "rl-bar", "eval-rl-bar", "dense", "eval-dense", "value", "eval-rerank", "report",
     ]  # fmt: skip
     assert recipe.recipe == "file_lookup" and recipe.harness == "builtin"
@@ -109,7 +109,9 @@ def test_both_trainers_resolve_to_sft_on_the_engines_model_the_credit_one_resumi
     # same run, model name and consumer group: the credit trainer restores the first one's checkpoint
     assert (first.model_name, first.group_id) == (credit.model_name, credit.group_id)
     assert first.max_steps is not None and credit.max_steps is not None and credit.max_steps > first.max_steps
-    assert first.idle_exit_s is not None and credit.idle_exit_s is not None
+    # each trains its stage's samples once they are all on the bus: no idle time decides what or how long
+    assert first.input == credit.input == "complete" and first.idle_exit_s is None and credit.idle_exit_s is None
+    assert first.epochs == credit.epochs == 3
 
 
 def test_the_rl_trainers_resume_the_sft_checkpoint_with_their_own_constant_learning_rate(
@@ -171,8 +173,13 @@ def test_the_builders_make_sft_on_successful_demos_only_and_credit_sft_on_all_wi
     assert (credit_config.kinds, credit_config.sft_successful_only) == (["SFT"], False)
     assert credit_config.credit.progress_signals == ["progress"]
     stages = {stage.name: stage for stage in recipe.stages}
-    assert "builder-sft" in stages["demos"].components and "builder-sft" in stages["sft-successful"].stop
-    assert "builder-credit" in stages["credit-sft"].components and "builder-credit" in stages["credit-sft"].stop
+    # each builder runs in a stage of its own before its trainer's, which ends once it has caught up: the SFT
+    # stage's samples are then complete, and nothing writes samples while a trainer reads them
+    assert "builder-sft" in stages["demos"].components and "builder-sft" in stages["demos"].stop
+    assert stages["demos"].until is not None and stages["demos"].until.caught_up == [sft.group]
+    assert stages["credit-samples"].components == stages["credit-samples"].stop == ["builder-credit"]
+    assert stages["credit-samples"].until is not None and stages["credit-samples"].until.caught_up == [credit.group]
+    assert stages["sft-successful"].components == ["trainer"] and stages["credit-sft"].components == ["trainer-credit"]
 
 
 def test_setup_writes_tasks_and_plans_and_a_second_run_keeps_the_tasks(tmp_path: Path) -> None:

@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 
+from orchard.bus import open_bus
+from orchard.config import EmbeddedBusConfig
 from orchard.exceptions import ConfigError
+from orchard.run import stages
 from orchard.run.commands import component_command
 from orchard.run.config import parse_run_config
-from orchard.run.stages import StageRunner
+from orchard.run.stages import BusProbe, StageRunner
 
 
 def recipe(**overrides: Any) -> dict[str, Any]:
@@ -68,3 +71,43 @@ def test_a_resumed_run_skips_the_stages_it_completed() -> None:
     config = parse_run_config(recipe(), "recipe.yaml")
     runner = StageRunner(config, None, {"a": {"status": "completed"}})
     assert runner.current is not None and runner.current.config.name == "b"
+
+
+def test_a_stage_until_a_group_caught_up_ends_once_it_committed_past_every_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stages, "PROBE_EVERY_S", 0.0)
+    until = {"exits": ["demos"], "caught_up": ["sample-builder-sft"]}
+    config = parse_run_config(recipe(stages=[{"name": "a", "components": ["demos"], "until": until}]), "recipe.yaml")
+    assert config.stages[0].until is not None and config.stages[0].until.reads_bus
+    bus_config = EmbeddedBusConfig(path=tmp_path / "bus")
+    bus = open_bus(bus_config)
+    runner, ended = StageRunner(config, BusProbe(bus_config, "r")), []
+    try:
+        bus.create_topic("trajectories", 2)
+        with bus.producer() as producer:
+            for index in range(3):
+                producer.produce("trajectories", f"t{index}".encode(), f"k{index}".encode())
+        statuses = {"env": "healthy", "demos": "exited", "check": "pending"}
+        runner.check(statuses, print, lambda stage: ended.append(stage.name))  # begins the stage
+        builder = bus.consumer(["trajectories"], "sample-builder-sft")
+        builder.poll(max_records=2, timeout_s=1.0)
+        builder.commit()
+        runner.check(statuses, print, lambda stage: ended.append(stage.name))
+        assert ended == []  # the builder has a record of the stage's to process
+        while len(builder.poll(max_records=10, timeout_s=0.2)):
+            pass
+        builder.commit()
+        runner.check(statuses, print, lambda stage: ended.append(stage.name))
+        assert ended == ["a"]
+        builder.close()
+    finally:
+        runner.close()
+        bus.close()
+
+
+def test_caught_up_alone_is_a_condition() -> None:
+    only = recipe(stages=[{"name": "a", "components": ["demos"], "until": {"caught_up": ["g"]}}])
+    assert parse_run_config(only, "recipe.yaml").stages[0].until.caught_up == ["g"]  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="caught_up"):
+        parse_run_config(recipe(stages=[{"name": "a", "components": [], "until": {}}]), "recipe.yaml")
