@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
+from rich.markup import escape
 
-from orchard.cli.common import console, err_console
+from orchard.cli.common import console
 from orchard.config import OrchardConfig
 from orchard.logging import configure_logging
 from orchard.run.config import RunConfig, load_run_config
 from orchard.run.exceptions import RunError
 from orchard.run.rundir import RunDir, default_run_dir, public_dump, resolve_orchard_config, secret_environment
+
+if TYPE_CHECKING:
+    from orchard.run.live import BusMetrics, LiveView, LogView
+    from orchard.run.plain import PlainView
+    from orchard.run.supervisor import ComponentState, Supervisor
+
+    RunScreen = LiveView | LogView | PlainView
+
+SIGNAL_EXIT_BASE = 128
 
 
 def run(
@@ -29,10 +42,17 @@ def run(
         None, "--settings", exists=True, dir_okay=False, help="YAML whose bus/store sections replace the recipe's."
     ),
     no_live: bool = typer.Option(False, "--no-live", help="Structured log lines instead of the live table."),
+    plain: bool = typer.Option(
+        False, "--plain", help="A plain line per event and a status line (the default when output is not a terminal)."
+    ),
+    status_every: float = typer.Option(5.0, "--status-every", min=0.1, help="Seconds between plain status lines."),
     duration: float | None = typer.Option(None, "--duration", min=0.1, help="Stop cleanly after this many seconds."),
 ) -> None:
-    """Start a recipe's components (engine, proxy, Env, consumers, trainers) and supervise them until Ctrl-C."""
-    from orchard.run.live import BusMetrics, LiveView, LogView
+    """Start a recipe's components (engine, proxy, Env, consumers, trainers) and supervise them until Ctrl-C.
+
+    Exits 0 once the run completed (or ran its --duration with nothing failing), 1 after a failure, 130 after
+    Ctrl-C (128 + the signal's number for another stop signal)."""
+    from orchard.run.live import BusMetrics
     from orchard.run.supervisor import Supervisor, install_signal_handlers
 
     directory, config, previous_starts = _prepare(recipe, run_dir, resume)
@@ -47,16 +67,90 @@ def run(
            "ORCHARD_CONFIG": str(directory.orchard_config.resolve())}  # fmt: skip
     supervisor = Supervisor(config, directory, env, cwd=os.getcwd(), resumed=previous_starts,
                             bus=orchard_config.bus, run_id=orchard_config.run_id)  # fmt: skip
-    install_signal_handlers(supervisor.request_stop)
-    metrics = BusMetrics(orchard_config)
-    view = LogView(metrics) if no_live else LiveView(metrics, console=console)
+    stop = StopSignal(supervisor.request_stop)
+    install_signal_handlers(stop)
+    view = _view(BusMetrics(orchard_config), supervisor, directory, no_live=no_live, plain=plain,
+                 status_every=status_every)  # fmt: skip
+    watch, started = FailureWatch(view), time.monotonic()
     with view:
-        outcome = supervisor.run(view, duration_s=duration)
-    colour = {"failed": "red", "completed": "green"}.get(outcome, "yellow")
-    err_console.print(f"[{colour}]{outcome}[/] ({supervisor.reason}); run directory {directory.root}")
-    err_console.print(f"resume with: orchard run --resume {directory.root}")
+        outcome = supervisor.run(watch, duration_s=duration)
+    code = exit_code(outcome, stop.signum, watch.failing)
+    reason = f"signal {signal.Signals(stop.signum).name}" if outcome == "stopped" and stop.signum else supervisor.reason
+    _report(outcome, reason, watch.failing, code, time.monotonic() - started)
+    _where_to_look(directory, orchard_config, completed=outcome == "completed")
+    if code:
+        raise typer.Exit(code)
+
+
+def _view(
+    metrics: BusMetrics, supervisor: Supervisor, directory: RunDir, *, no_live: bool, plain: bool, status_every: float
+) -> RunScreen:
+    """Structured log lines (``--no-live``), plain lines (``--plain``, or output that is not a terminal), or the
+    live table."""
+    from orchard.run.live import LiveView, LogView
+    from orchard.run.plain import PlainView
+
+    if no_live:
+        return LogView(metrics)
+    if plain or not console.is_terminal:
+        return PlainView(metrics, supervisor.stages, directory, every_s=status_every)
+    return LiveView(metrics, console=console)
+
+
+class StopSignal:
+    """The signal handler of a run: remembers the first stop signal, then asks the supervisor to stop."""
+
+    def __init__(self, request_stop: Callable[[int, Any], None]) -> None:
+        self.request_stop = request_stop
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        """Handle SIGINT or SIGTERM."""
+        self.signum = self.signum or signum
+        self.request_stop(signum, frame)
+
+
+class FailureWatch:
+    """Passes the supervisor's updates on to a view and notes which components are failing when the run stops
+    (failed, or down and waiting to restart): a run stopped by ``--duration`` then is not a success."""
+
+    def __init__(self, view: RunScreen) -> None:
+        self.view = view
+        self.failing: list[str] = []
+
+    def update(self, components: list[ComponentState]) -> None:
+        """Note the failing components until the supervisor starts stopping them; show the update."""
+        if not any(c.status == "stopping" for c in components):
+            self.failing = [c.name for c in components if c.status in ("failed", "backoff")]
+        self.view.update(components)
+
+
+def exit_code(outcome: str, signum: int | None, failing: list[str]) -> int:
+    """0 for a completed run, or one stopped by its duration with nothing failing; 1 after a failure; 128 + the
+    signal's number (130 for Ctrl-C) for a run stopped by a signal."""
+    if outcome == "completed":
+        return 0
     if outcome == "failed":
-        raise typer.Exit(1)
+        return 1
+    if signum is not None:
+        return SIGNAL_EXIT_BASE + signum
+    return 1 if failing else 0
+
+
+def _where_to_look(directory: RunDir, orchard_config: OrchardConfig, *, completed: bool) -> None:
+    from orchard.run.summary import published_weights, summary_lines
+
+    for line in summary_lines(directory, published_weights(orchard_config), completed=completed):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _report(outcome: str, reason: str, failing: list[str], code: int, seconds: float) -> None:
+    colour = {"failed": "red", "completed": "green"}.get(outcome, "yellow")
+    trouble = f"; failing when it stopped: {', '.join(failing)}" if failing and outcome != "failed" else ""
+    minutes, secs = divmod(int(seconds), 60)
+    took = f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+    console.print(f"[{colour}]{outcome}[/] ({escape(reason)}{escape(trouble)}) after {took}, exit code {code}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def _prepare(recipe: Path | None, run_dir: Path | None, resume: Path | None) -> tuple[RunDir, RunConfig, int]:

@@ -1,24 +1,29 @@
-"""``orchard tail TOPIC``: records decoded to JSON lines, from an offset or a time, optionally following."""
+"""``orchard tail TOPIC``: records as readable JSON lines (nested records decoded), from an offset or a time, the
+last N, filtered by episode or task, optionally following."""
 
 from __future__ import annotations
 
-import base64
+import heapq
 import json
 import re
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import cast
 
 import typer
 
 from orchard.bus import Consumer, Record, TopicPartition
 from orchard.cli.common import state
+from orchard.cli.record_json import Entry, RecordRenderer, TokenMode, field_value
 from orchard.codec import Codec
-from orchard.serialization_errors import SerializationError
 
 RELATIVE_TIME = re.compile(r"^-(\d+)([smhd])$")
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+POLL_RECORDS = 500
+IDLE_POLLS_AT_END = 2
 
 
 def parse_time(text: str) -> int:
@@ -37,24 +42,25 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def render(record: Record, codec: Codec) -> dict[str, Any]:
-    """One record as a JSON-ready dict: position, key, schema and decoded fields (or the decode error)."""
-    line: dict[str, Any] = {
-        "topic": record.topic,
-        "partition": record.partition,
-        "offset": record.offset,
-        "timestamp": record.timestamp_ms,
-        "key": None if record.key is None else record.key.decode("utf-8", "backslashreplace"),
-    }
-    try:
-        decoded = codec.decode(record.value)
-    except SerializationError as exc:
-        line["error"] = f"{type(exc).__name__}: {exc}"
-        line["raw_base64"] = base64.b64encode(record.value[:256]).decode()
-        return line
-    line["schema"] = f"{decoded.name}/v{decoded.writer_version}"
-    line["record"] = codec.to_json_dict(decoded)
-    return line
+@dataclass(frozen=True)
+class Selection:
+    """Which records are printed: a partition, an episode id, a task id (None: any)."""
+
+    partition: int | None = None
+    episode: str | None = None
+    task: str | None = None
+
+    @property
+    def by_field(self) -> bool:
+        """Whether records must be decoded to be selected."""
+        return self.episode is not None or self.task is not None
+
+    def matches(self, entry: Entry, renderer: RecordRenderer) -> bool:
+        """Whether ``entry`` is one of the selected records."""
+        if self.partition is not None and entry.record.partition != self.partition:
+            return False
+        wanted = (("episode_id", self.episode), ("task_id", self.task))
+        return all(value is None or field_value(renderer, entry, name) == value for name, value in wanted)
 
 
 def tail(
@@ -64,36 +70,98 @@ def tail(
     from_offset: int | None = typer.Option(None, "--from-offset", min=0, help="Start every partition here."),
     from_time: str | None = typer.Option(None, "--from-time", help="Start at a time: ISO 8601, epoch ms, or -10m."),
     partition: int | None = typer.Option(None, "--partition", min=0, help="Only this partition."),
-    max_records: int | None = typer.Option(None, "--max-records", "-n", min=1, help="Stop after this many."),
+    last: int | None = typer.Option(
+        None, "--last", "-n", min=1, help="Only the last N records (newest by timestamp, printed oldest first)."
+    ),
+    episode: str | None = typer.Option(None, "--episode", help="Only records of this episode id."),
+    task: str | None = typer.Option(None, "--task", help="Only records of this task id (records with a task_id)."),
+    tokens: str = typer.Option("full", "--tokens", help="Packed token arrays: 'full' lists or a 'summary'."),
 ) -> None:
-    """Print a topic's records as JSON lines (token arrays unpacked); from the start unless told otherwise."""
+    """Print a topic's records as JSON lines: nested records (a trajectory's calls and outcome) decoded, JSON
+    fields parsed, token arrays unpacked; every record from the start unless told otherwise."""
+    if tokens not in ("full", "summary"):
+        raise typer.BadParameter("--tokens is 'full' or 'summary'")
+    if from_offset is not None and from_time is not None:
+        raise typer.BadParameter("give --from-offset or --from-time, not both")
     bus = state(ctx).bus()
     codec = Codec.default()
+    renderer = RecordRenderer(codec, cast(TokenMode, tokens))
+    selection = Selection(partition, episode, task)
     consumer = bus.consumer([topic])
     try:
         ends = bus.describe_topic(topic).end_offsets
         _position(consumer, topic, ends, from_offset, from_time, partition)
-        printed, idle_polls = 0, 0
-        while max_records is None or printed < max_records:
-            batch = consumer.poll(max_records=500, timeout_s=0.5)
-            idle_polls = 0 if batch else idle_polls + 1
-            for record in batch:
-                if partition is not None and record.partition != partition:
-                    continue
-                sys.stdout.write(json.dumps(render(record, codec), default=str) + "\n")
-                printed += 1
-                if max_records is not None and printed >= max_records:
-                    break
-            sys.stdout.flush()
-            # Transaction markers take offsets no record has, so positions may stop short of the end offsets:
-            # two empty polls in a row also mean the end.
-            if not follow and (_reached(consumer.position(), ends, partition) or idle_polls >= 2):
-                break
+        if last is not None:
+            start_given = from_offset is not None or from_time is not None
+            _write(renderer, _last(consumer, topic, ends, selection, renderer, last, seek=not start_given))
+        elif not follow:
+            _write(renderer, _selected(_to_end(consumer, ends, partition), selection, renderer))
+        if follow:
+            _write(renderer, _selected(_forever(consumer), selection, renderer))
     except KeyboardInterrupt:
         pass
     finally:
         consumer.close()
         bus.close()
+
+
+def _write(renderer: RecordRenderer, entries: Iterator[Entry] | list[Entry]) -> None:
+    for entry in entries:
+        sys.stdout.write(json.dumps(renderer.line(entry), default=str) + "\n")
+        sys.stdout.flush()
+
+
+def _selected(records: Iterator[Record], selection: Selection, renderer: RecordRenderer) -> Iterator[Entry]:
+    for record in records:
+        entry = Entry.of(record, renderer.codec)
+        if selection.matches(entry, renderer):
+            yield entry
+
+
+def _last(
+    consumer: Consumer,
+    topic: str,
+    ends: dict[int, int],
+    selection: Selection,
+    renderer: RecordRenderer,
+    count: int,
+    *,
+    seek: bool,
+) -> list[Entry]:
+    """The newest ``count`` selected records, oldest first.
+
+    Without a field filter or a start position, each partition is read from ``count`` records before its end; on
+    Kafka, transaction markers take offsets too, so the window widens until it holds ``count`` or the whole topic.
+    """
+    window = count
+    while True:
+        narrowed = seek and not selection.by_field
+        if narrowed:
+            for p, end in ends.items():
+                consumer.seek(TopicPartition(topic, p), max(0, end - window))
+        records = _to_end(consumer, ends, selection.partition)
+        newest = heapq.nlargest(count, _selected(records, selection, renderer), key=lambda e: e.sort_key)
+        if not narrowed or len(newest) >= count or all(end <= window for end in ends.values()):
+            return sorted(newest, key=lambda e: e.sort_key)
+        window *= 4
+
+
+def _to_end(consumer: Consumer, ends: dict[int, int], partition: int | None) -> Iterator[Record]:
+    """Records until the consumer reached the end offsets seen at the start."""
+    idle_polls = 0
+    while True:
+        batch = consumer.poll(max_records=POLL_RECORDS, timeout_s=0.5)
+        idle_polls = 0 if batch else idle_polls + 1
+        yield from batch
+        # Transaction markers take offsets no record has, so positions may stop short of the end offsets:
+        # two empty polls in a row also mean the end.
+        if _reached(consumer.position(), ends, partition) or idle_polls >= IDLE_POLLS_AT_END:
+            return
+
+
+def _forever(consumer: Consumer) -> Iterator[Record]:
+    while True:
+        yield from consumer.poll(max_records=POLL_RECORDS, timeout_s=0.5)
 
 
 def _position(
@@ -104,8 +172,6 @@ def _position(
     from_time: str | None,
     partition: int | None,
 ) -> None:
-    if from_offset is not None and from_time is not None:
-        raise typer.BadParameter("give --from-offset or --from-time, not both")
     if from_time is not None:
         consumer.seek_to_timestamp(parse_time(from_time))
     elif from_offset is not None:

@@ -1,7 +1,7 @@
 """Harness adapters: run a real agent harness (Codex CLI, mini-swe-agent, the built-in agent) against Orchard's proxy.
 
 The public names are loaded lazily, so ``python -m orchard.harnesses.builtin_agent`` (which runs inside sandboxes with
-only the standard library and httpx) never imports pydantic or the adapters. See ``README.md`` in this directory.
+only the standard library) never imports pydantic or the adapters. See ``README.md`` in this directory.
 """
 
 from __future__ import annotations

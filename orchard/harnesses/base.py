@@ -248,13 +248,45 @@ working copy that is no repository never picks up one it happens to lie in (say,
 def collect_changes(sandbox: Sandbox, workdir: str) -> tuple[str, list[str]]:
     """The working copy's patch against HEAD and the paths it touches; outside git, no patch and every file."""
     result = sandbox.exec(["/bin/sh", "-c", _DIFF_SCRIPT, "orchard-diff", workdir], timeout_s=COLLECT_TIMEOUT_S)
-    if result.exit_code == _NOT_A_REPOSITORY:
+    return _changes(sandbox, workdir, result.exit_code, result.stdout, result.stderr)
+
+
+def _changes(sandbox: Sandbox, workdir: str, code: int | None, stdout: str, stderr: str) -> tuple[str, list[str]]:
+    """``collect_changes``'s answer from what ``_DIFF_SCRIPT`` printed and its exit status."""
+    if code == _NOT_A_REPOSITORY:
         entries = sandbox.list_files(workdir, recursive=True)
         return "", sorted(entry.path for entry in entries if entry.kind == "file")
-    if result.exit_code != 0 or _PATCH_MARKER not in result.stdout:
-        raise HarnessSetupError(f"git diff failed in {workdir!r} ({result.exit_code}): {result.stderr.strip()}")
-    names, patch = result.stdout.split(_PATCH_MARKER, 1)
+    if code != 0 or _PATCH_MARKER not in stdout:
+        raise HarnessSetupError(f"git diff failed in {workdir!r} ({code}): {stderr.strip()}")
+    names, patch = stdout.split(_PATCH_MARKER, 1)
     return patch, [name for name in names.split("\0") if name]
+
+
+_STATE_MARKERS = ("\0ORCHARD-STATE\0", "\0ORCHARD-NO-STATE\0")
+_STATE_THEN_DIFF = (
+    'f="${HOME:?}/' + STATE_DIR + '/$1"; shift\n'
+    'if [ -f "$f" ]; then cat "$f" || exit 104; printf \'\\0ORCHARD-STATE\\0\'\n'
+    "else printf '\\0ORCHARD-NO-STATE\\0'; fi" + _DIFF_SCRIPT
+)
+"""``read_state_file``'s ``cat`` of ``$1``, a marker saying whether it was there, then ``_DIFF_SCRIPT`` of ``$2``."""
+
+
+def read_state_file_and_changes(
+    sandbox: Sandbox, harness: str, relpath: str, workdir: str
+) -> tuple[str | None, str, list[str]]:
+    """``read_state_file`` and ``collect_changes`` in one sandbox exec instead of two (each exec starts a sandboxed
+    process, and every episode pays for it): the state file's text (None if absent; a text file without NUL bytes,
+    such as a JSONL trajectory), the patch and the paths it touches. When the exec fails, or prints what the two would
+    not parse (say, output cut at the runtime's limit), they run the two-exec way and answer, or fail, as they do."""
+    argv = ["/bin/sh", "-c", _STATE_THEN_DIFF, "orchard-collect", f"{harness}/{relpath}", workdir]
+    result = sandbox.exec(argv, timeout_s=COLLECT_TIMEOUT_S)
+    marker = next((m for m in _STATE_MARKERS if m in result.stdout), "")
+    text, _, rest = result.stdout.partition(marker) if marker else ("", "", "")
+    diffed = result.exit_code == _NOT_A_REPOSITORY or (result.exit_code == 0 and _PATCH_MARKER in rest)
+    if not (marker and diffed):
+        return read_state_file(sandbox, harness, relpath), *collect_changes(sandbox, workdir)
+    state = text if marker == _STATE_MARKERS[0] else None
+    return state, *_changes(sandbox, workdir, result.exit_code, rest, result.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------- adapter
@@ -293,6 +325,9 @@ _FACTORIES: dict[str, AdapterFactory | str] = {
     "builtin": "orchard.harnesses.builtin:BuiltinAgentAdapter",
     "mini-swe-agent": "orchard.harnesses.mini_swe_agent:MiniSweAgentAdapter",
     "codex": "orchard.harnesses.codex_cli:CodexCliAdapter",
+    "claude-code": "orchard.harnesses.claude_code:ClaudeCodeAdapter",
+    "opencode": "orchard.harnesses.opencode:OpencodeAdapter",
+    "pi": "orchard.harnesses.pi:PiAdapter",
     "browser": "recipes.gui.harness:BrowserAgentAdapter",
     "claw": "recipes.claw.harness:ClawAgentAdapter",
     "openclaw": "recipes.claw.openclaw:OpenClawAdapter",
@@ -323,12 +358,24 @@ def get_adapter(name: str, **options: object) -> HarnessAdapter:
 
 
 # ---------------------------------------------------------------------------------------------------- running
-def run_harness(adapter: HarnessAdapter, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> HarnessRun:
+PhaseHook = Callable[[str], None]
+"""Told ``"harness-prepared"`` when the harness's command starts and ``"harness-ran"`` when it has exited."""
+
+
+def run_harness(
+    adapter: HarnessAdapter,
+    sandbox: Sandbox,
+    endpoint: ModelEndpoint,
+    task: HarnessTask,
+    on_phase: PhaseHook | None = None,
+) -> HarnessRun:
     """Prepare, run and collect one harness in ``sandbox``; the process's stdout and stderr join the logs."""
     bound = log.bind(harness=adapter.name, sandbox=sandbox.spec.sandbox_id, episode=sandbox.spec.episode_id)
     started = time.perf_counter()
     adapter.prepare(sandbox, endpoint, task)
     prepared = time.perf_counter()
+    if on_phase is not None:
+        on_phase("harness-prepared")
     result = sandbox.exec(
         adapter.command(endpoint, task),
         timeout_s=adapter.exec_timeout_s(task),
@@ -337,7 +384,13 @@ def run_harness(adapter: HarnessAdapter, sandbox: Sandbox, endpoint: ModelEndpoi
         stdin=b"",
     )
     ran = time.perf_counter()
-    artifacts = adapter.collect(sandbox, task)
+    if on_phase is not None:
+        on_phase("harness-ran")
+    try:
+        artifacts = adapter.collect(sandbox, task)
+    except Exception as exc:  # noqa: BLE001 - what the agent left must not decide whether the episode is graded
+        bound.warning("harness_collect_failed", error=repr(exc)[:500])
+        artifacts = HarnessArtifacts(harness=adapter.name, logs={"collect_error": repr(exc)[:2000]})
     logs = {"stdout": result.stdout, "stderr": result.stderr, **artifacts.logs}
     artifacts = artifacts.model_copy(update={"logs": logs})
     bound.info(

@@ -1,8 +1,9 @@
 """What ``orchard run`` shows while it runs: a rich Live table, or (``--no-live``) structured log lines.
 
 Metrics come from what exists, read cheaply and never allowed to break the run: record counts of the standard
-topics (``describe_topic``) and, from the outcomes topic, the mean reward and success rate of the latest episodes
-and the newest policy version. A topic that does not exist yet shows as 0; a bus that cannot be read shows "n/a".
+topics (``describe_topic``), from the outcomes topic the mean reward and success rate of the latest episodes, and
+from policy-versions the newest weights of this run per model. A topic that does not exist yet shows as 0; a bus
+that cannot be read shows "n/a". Without a terminal, ``orchard run`` shows ``orchard.run.plain.PlainView`` instead.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchard.bus import Bus, Consumer, open_bus
+from orchard.bus import Bus, Consumer, Record, open_bus
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
 from orchard.logging import get_logger
 from orchard.run.supervisor import ComponentState
+from orchard.serialization_errors import SerializationError
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, SAMPLES, TRAJECTORIES
 
 log = get_logger("run")
@@ -31,6 +33,16 @@ _STATUS_STYLE = {"healthy": "green", "exited": "cyan", "starting": "yellow", "ba
                  "unhealthy": "red", "failed": "bold red", "stopping": "magenta", "stopped": "dim"}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class PublishedWeights:
+    """The newest published version of one model of the run."""
+
+    model: str
+    version: int
+    uri: str  # the version's folder in the store (its manifest and files)
+    trainer_step: int
+
+
 @dataclass
 class Metrics:
     """The latest figures of a run (None where unknown)."""
@@ -39,7 +51,25 @@ class Metrics:
     mean_reward: float | None = None
     success_rate: float | None = None
     outcomes_seen: int = 0
+    weights: dict[str, PublishedWeights] = field(default_factory=dict)
     error: str | None = None
+
+
+def note_weights(record: Record, codec: Codec, run_id: str, weights: dict[str, PublishedWeights]) -> None:
+    """Keep in ``weights`` the newest version per model that ``record`` (of policy-versions) announces for
+    ``run_id``; a record of another run, or not a ``PolicyVersion``, is passed over."""
+    try:
+        decoded = codec.decode(record.value)
+    except SerializationError:
+        return
+    fields = decoded.record
+    if decoded.name != "PolicyVersion" or fields["run_id"] != run_id:
+        return
+    known = weights.get(fields["model"])
+    if known is None or int(fields["version"]) >= known.version:
+        folder = str(fields["uri"]).rsplit("/", 1)[0] + "/"  # the uri names the version's manifest
+        weights[fields["model"]] = PublishedWeights(fields["model"], int(fields["version"]), folder,
+                                                    int(fields["trainer_step"]))  # fmt: skip
 
 
 class BusMetrics:
@@ -50,13 +80,14 @@ class BusMetrics:
         self.metrics = Metrics()
         self._bus: Bus | None = None
         self._outcomes: Consumer | None = None
+        self._versions: Consumer | None = None
         self._recent: deque[tuple[float, bool]] = deque(maxlen=RECENT_OUTCOMES)
         self._codec = Codec.default()
         self._read_at = 0.0
 
-    def read(self) -> Metrics:
-        """The metrics, refreshed at most every ``every_s`` seconds."""
-        if time.monotonic() - self._read_at < self.every_s:
+    def read(self, *, fresh: bool = False) -> Metrics:
+        """The metrics, refreshed at most every ``every_s`` seconds (now, with ``fresh``)."""
+        if not fresh and time.monotonic() - self._read_at < self.every_s:
             return self.metrics
         self._read_at = time.monotonic()
         try:
@@ -73,6 +104,8 @@ class BusMetrics:
         self.metrics.counts, self.metrics.error = counts, None
         if OUTCOMES in existing:
             self._read_outcomes()
+        if POLICY_VERSIONS in existing:
+            self._read_versions()
 
     def _read_outcomes(self) -> None:
         if self._outcomes is None:
@@ -86,10 +119,18 @@ class BusMetrics:
             self.metrics.mean_reward = sum(r for r, _ in self._recent) / len(self._recent)
             self.metrics.success_rate = sum(s for _, s in self._recent) / len(self._recent)
 
+    def _read_versions(self) -> None:
+        if self._versions is None:
+            assert self._bus is not None  # noqa: S101 - opened by _refresh
+            self._versions = self._bus.consumer([POLICY_VERSIONS])
+        for record in self._versions.poll(max_records=1000, timeout_s=0.05):
+            note_weights(record, self._codec, self.config.run_id, self.metrics.weights)
+
     def close(self) -> None:
         """Release the bus."""
-        if self._outcomes is not None:
-            self._outcomes.close()
+        for consumer in (self._outcomes, self._versions):
+            if consumer is not None:
+                consumer.close()
         if self._bus is not None:
             self._bus.close()
 
