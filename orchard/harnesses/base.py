@@ -18,12 +18,15 @@ Secrets (the per-episode proxy token) are passed only in the command's environme
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shlex
+import shutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -287,6 +290,23 @@ def read_state_file_and_changes(
         return read_state_file(sandbox, harness, relpath), *collect_changes(sandbox, workdir)
     state = text if marker == _STATE_MARKERS[0] else None
     return state, *_changes(sandbox, workdir, result.exit_code, rest, result.stderr)
+
+
+def find_npm_harness(command: str, env_var: str, project_install: Path, install_hint: str) -> str:
+    """An npm-installed harness's executable: ``$<env_var>``, the project-local install (``project_install``,
+    relative to the checkout or the working directory), or ``command`` on ``PATH``; ``HarnessNotInstalledError``
+    naming ``install_hint`` otherwise."""
+    explicit = os.environ.get(env_var)
+    if explicit:
+        return explicit
+    repo_root = Path(__file__).resolve().parents[2]
+    for candidate in (repo_root / project_install, Path.cwd() / project_install):
+        if candidate.exists():
+            return str(candidate)
+    on_path = shutil.which(command)
+    if on_path:
+        return on_path
+    raise HarnessNotInstalledError(f"{install_hint} not found: run infra/local/install_harnesses.sh or set {env_var}")
 
 
 # ---------------------------------------------------------------------------------------------------- adapter

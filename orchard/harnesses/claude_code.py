@@ -52,8 +52,6 @@ subagents' under it), the result's text as the final message, and the working co
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,10 +60,10 @@ from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
-    HarnessNotInstalledError,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
+    find_npm_harness,
     list_state_files,
     read_state_file,
     read_state_file_and_changes,
@@ -93,19 +91,11 @@ QUIET = (
 
 def find_claude() -> str:
     """The executable: ``$ORCHARD_CLAUDE_CODE_BIN``, the project-local install, or ``claude`` on ``PATH``."""
-    explicit = os.environ.get("ORCHARD_CLAUDE_CODE_BIN")
-    if explicit:
-        return explicit
-    repo_root = Path(__file__).resolve().parents[2]
-    for candidate in (repo_root / PROJECT_INSTALL, Path.cwd() / PROJECT_INSTALL):
-        if candidate.exists():
-            return str(candidate)
-    on_path = shutil.which("claude")
-    if on_path:
-        return on_path
-    raise HarnessNotInstalledError(
-        "Claude Code not found: run infra/local/install_harnesses.sh "
-        f"(npm @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}) or set ORCHARD_CLAUDE_CODE_BIN"
+    return find_npm_harness(
+        "claude",
+        "ORCHARD_CLAUDE_CODE_BIN",
+        PROJECT_INSTALL,
+        f"Claude Code (npm @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION})",
     )
 
 

@@ -56,8 +56,6 @@ counts, and the ``task_complete`` event), the last agent message (``-o``), the `
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -67,11 +65,11 @@ from orchard.harnesses.base import (
     FileText,
     HarnessAdapter,
     HarnessArtifacts,
-    HarnessNotInstalledError,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
     collect_changes,
+    find_npm_harness,
     list_state_files,
     merge_config,
     read_state_file,
@@ -95,19 +93,8 @@ CodexSandbox = Literal["none", "workspace-write", "read-only"]
 
 def find_codex() -> str:
     """The Codex CLI executable: ``$ORCHARD_CODEX_BIN``, the project-local install, or ``codex`` on ``PATH``."""
-    explicit = os.environ.get("ORCHARD_CODEX_BIN")
-    if explicit:
-        return explicit
-    repo_root = Path(__file__).resolve().parents[2]
-    for candidate in (repo_root / PROJECT_INSTALL, Path.cwd() / PROJECT_INSTALL):
-        if candidate.exists():
-            return str(candidate)
-    on_path = shutil.which("codex")
-    if on_path:
-        return on_path
-    raise HarnessNotInstalledError(
-        f"Codex CLI not found: run infra/local/install_harnesses.sh (npm @openai/codex@{CODEX_VERSION}) "
-        "or set ORCHARD_CODEX_BIN"
+    return find_npm_harness(
+        "codex", "ORCHARD_CODEX_BIN", PROJECT_INSTALL, f"Codex CLI (npm @openai/codex@{CODEX_VERSION})"
     )
 
 

@@ -48,8 +48,6 @@ last ``text`` event's text. Artifacts: the events (``events.jsonl``), opencode's
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,10 +56,10 @@ from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
-    HarnessNotInstalledError,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
+    find_npm_harness,
     list_state_files,
     merge_config,
     read_state_file,
@@ -90,19 +88,8 @@ TITLE = "Orchard episode"
 
 def find_opencode() -> str:
     """The executable: ``$ORCHARD_OPENCODE_BIN``, the project-local install, or ``opencode`` on ``PATH``."""
-    explicit = os.environ.get("ORCHARD_OPENCODE_BIN")
-    if explicit:
-        return explicit
-    repo_root = Path(__file__).resolve().parents[2]
-    for candidate in (repo_root / PROJECT_INSTALL, Path.cwd() / PROJECT_INSTALL):
-        if candidate.exists():
-            return str(candidate)
-    on_path = shutil.which("opencode")
-    if on_path:
-        return on_path
-    raise HarnessNotInstalledError(
-        f"opencode not found: run infra/local/install_harnesses.sh (npm opencode-ai@{OPENCODE_VERSION}) "
-        "or set ORCHARD_OPENCODE_BIN"
+    return find_npm_harness(
+        "opencode", "ORCHARD_OPENCODE_BIN", PROJECT_INSTALL, f"opencode (npm opencode-ai@{OPENCODE_VERSION})"
     )
 
 

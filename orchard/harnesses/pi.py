@@ -44,8 +44,6 @@ its ``stopReason`` (``stop``, ``toolUse``, ``length``, ``error``, ``aborted``), 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -54,10 +52,10 @@ from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
-    HarnessNotInstalledError,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
+    find_npm_harness,
     list_state_files,
     merge_config,
     read_state_file,
@@ -83,19 +81,8 @@ PiApi = Literal["openai-completions", "openai-responses"]
 
 def find_pi() -> str:
     """The executable: ``$ORCHARD_PI_BIN``, the project-local install, or ``pi`` on ``PATH``."""
-    explicit = os.environ.get("ORCHARD_PI_BIN")
-    if explicit:
-        return explicit
-    repo_root = Path(__file__).resolve().parents[2]
-    for candidate in (repo_root / PROJECT_INSTALL, Path.cwd() / PROJECT_INSTALL):
-        if candidate.exists():
-            return str(candidate)
-    on_path = shutil.which("pi")
-    if on_path:
-        return on_path
-    raise HarnessNotInstalledError(
-        f"pi not found: run infra/local/install_harnesses.sh (npm @mariozechner/pi-coding-agent@{PI_VERSION}) "
-        "or set ORCHARD_PI_BIN"
+    return find_npm_harness(
+        "pi", "ORCHARD_PI_BIN", PROJECT_INSTALL, f"pi (npm @mariozechner/pi-coding-agent@{PI_VERSION})"
     )
 
 
