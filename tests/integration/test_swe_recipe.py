@@ -156,7 +156,9 @@ def test_training_published_policies_the_dense_stage_scored_calls_and_the_value_
 ) -> None:
     versions = records(finished_run, POLICY_VERSIONS)
     policy = sorted(v["version"] for v in versions if v["model"] == "policy")
-    assert policy == [1, 2, 3]  # credit SFT's, RL's, dense RL's
+    # credit SFT's, then RL's and dense RL's (one version per step: how many steps RL took before the dense stage
+    # resumed from it depends on when its samples arrived, so the dense stage publishes one or two)
+    assert policy[:2] == [1, 2] and policy == list(range(1, len(policy) + 1)) and len(policy) in (3, 4)
     assert any(v["model"] == "value" for v in versions)
     scorers = {s["scorer"] for s in records(finished_run, SCORES)}
     assert {"rule_process_reward", "distillation"} <= scorers
