@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.trajectory import Step
+from orchard.trajectory import Step
 
 TEST_RUNNER = re.compile(
     r"\b(pytest|py\.test|nosetests|tox|nox|jest|mocha|vitest|phpunit|rspec|ctest)\b"

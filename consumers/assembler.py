@@ -31,11 +31,11 @@ from typing import Any, ClassVar
 
 from consumers.config import AssemblerConfig
 from consumers.processor import Emit, Input, Processor, RecordRejected, StateStore
-from consumers.trajectory_records import trajectory_record
 from orchard.bus import RecordTooLargeError
 from orchard.codec import Codec
 from orchard.logging import get_logger
 from orchard.topics import MODEL_CALLS, OUTCOMES, TRAJECTORIES
+from orchard.trajectory_records import trajectory_record
 
 log = get_logger("consumers.assembler")
 STAMP = struct.Struct(">q")

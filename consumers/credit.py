@@ -60,7 +60,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from consumers.actions import Action, is_scratch_path, is_test_path, same_file, trajectory_actions
-from consumers.trajectory import Trajectory
+from orchard.trajectory import Trajectory
 
 VETO_TAGS = frozenset({"invalid", "repeated", "truncated"})
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from consumers.processor import StateStore
-from consumers.trajectory import Trajectory
+from orchard.trajectory import Trajectory
 
 GroupBy = Literal["auto", "task_version"]
 

@@ -17,9 +17,9 @@ from typing import ClassVar
 
 from consumers.processor import Emit, Input, Processor, RecordRejected
 from consumers.rewards import RewardPlugin, RewardPluginError, Score, step_score_record
-from consumers.trajectory_records import record_timestamp_ms, trajectory_from_record
 from orchard.codec import Codec
 from orchard.topics import SCORES, TRAJECTORIES
+from orchard.trajectory_records import record_timestamp_ms, trajectory_from_record
 
 
 class RewardConsumer(Processor):

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from consumers.trajectory import Step, Trajectory
 from orchard.exceptions import OrchardError
+from orchard.trajectory import Step, Trajectory
 
 
 class RewardPluginError(OrchardError):

@@ -25,7 +25,7 @@ import numpy as np
 from consumers.advantages import DenseScore
 from consumers.credit import StepFacts, step_facts
 from consumers.sequences import TokenSequence, build_sequences
-from consumers.trajectory import Trajectory
+from orchard.trajectory import Trajectory
 
 _LENGTH = struct.Struct("<I")
 

@@ -58,13 +58,13 @@ from consumers.groups import ClosedGroup, GroupBuilder, GroupBy, Member, group_k
 from consumers.processor import Emit, Input, Processor, RecordRejected, StateStore
 from consumers.sample_state import PreparedTrajectory, ScoreBook
 from consumers.sequences import TokenSequence
-from consumers.trajectory import Trajectory
-from consumers.trajectory_records import trajectory_from_record
 from orchard.episode_groups import is_eval_group
 from orchard.exceptions import OrchardError
 from orchard.logging import get_logger
 from orchard.tokens import pack_array
 from orchard.topics import SAMPLES, SCORES, TRAJECTORIES
+from orchard.trajectory import Trajectory
+from orchard.trajectory_records import trajectory_from_record
 
 log = get_logger("consumers.samples")
 SampleKind = Literal["RL", "SFT"]

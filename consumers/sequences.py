@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from consumers.trajectory import Step
+from orchard.trajectory import Step
 
 TokenIds = npt.NDArray[np.int32]
 Floats = npt.NDArray[np.float32]

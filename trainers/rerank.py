@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from consumers.trajectory import Trajectory
+from orchard.trajectory import Trajectory
 from trainers.value import TokenIds, ValueModel
 
 CandidateContent = Trajectory | str | npt.NDArray[np.integer]

@@ -32,9 +32,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from consumers.trajectory import Trajectory
 from orchard.engines.tiny import build_tiny_tokenizer, is_tiny_name, tiny_model_config
 from orchard.logging import get_logger
+from orchard.trajectory import Trajectory
 
 log = get_logger("trainers.value")
 

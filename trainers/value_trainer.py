@@ -27,8 +27,6 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from consumers.trajectory import Trajectory
-from consumers.trajectory_records import trajectory_from_record
 from orchard.bus import Bus, Producer, Record
 from orchard.bus.base import TopicPartition
 from orchard.bus.dead_letter import DeadLetterRouter
@@ -37,6 +35,8 @@ from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.store import ArtifactStore
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME, TRAJECTORIES
+from orchard.trajectory import Trajectory
+from orchard.trajectory_records import trajectory_from_record
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.exceptions import CheckpointError
 from trainers.value import ValueExample, ValueModel, ValueModelConfig, bce_step, trajectory_label, trajectory_tokens

@@ -36,7 +36,7 @@ from consumers.dense.engine_client import EngineClient, score_steps_concurrently
 from consumers.dense.exceptions import StepDataError, TokenMismatchError
 from consumers.dense.settings import DistillationSettings, load_settings
 from consumers.rewards import RewardPlugin, Score, StepResult
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 
 
 class OnPolicyDistillation(RewardPlugin):

@@ -22,7 +22,7 @@ import httpx
 from consumers.dense.exceptions import EngineAnswerError, EngineUnreachableError, TokenMismatchError
 from consumers.dense.settings import EngineSettings
 from consumers.rewards import Score, StepResult, normalise_step_result
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 BACKOFF_S = 0.5

@@ -48,7 +48,7 @@ from consumers.dense.engine_client import EngineClient, score_steps_concurrently
 from consumers.dense.exceptions import EngineAnswerError
 from consumers.dense.settings import JudgeSettings, RuleSettings, load_settings
 from consumers.rewards import RewardPlugin, Score, StepResult
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 
 
 # ---------------------------------------------------------------------------------------------------- rules

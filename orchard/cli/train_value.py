@@ -25,13 +25,13 @@ from orchard.topics import TRAJECTORIES
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from consumers.trajectory import Trajectory
     from orchard.bus import Bus
     from orchard.evaluation.breakdown import LabelGroup
     from orchard.evaluation.cost import EvalCost
     from orchard.evaluation.heldout import HeldoutResult, Picker
     from orchard.evaluation.results import StageRow
     from orchard.store import ArtifactStore
+    from orchard.trajectory import Trajectory
     from trainers.rerank import LabelledCandidate, RerankReport
     from trainers.value import ValueModel
 
@@ -391,8 +391,8 @@ def _download(store: ArtifactStore, artifact: str, version: int, dest: Path) -> 
 
 
 def _read_trajectories(bus: Bus, topic: str, run_id: str, max_idle_polls: int = 3) -> list[Trajectory]:
-    from consumers.trajectory_records import trajectory_from_record
     from orchard.codec import Codec
+    from orchard.trajectory_records import trajectory_from_record
 
     codec = Codec.default()
     found: list[Trajectory] = []

@@ -1,7 +1,7 @@
 """``orchard export``: recorded episodes (any run, any range) to Parquet or JSONL in the ``orchard`` layout.
 
 An episode is selected by its ``EpisodeOutcome`` (run, bus timestamp range, offset range of the outcomes topic) and
-written with every ``ModelCall`` of it, assembled by ``consumers.trajectory.trajectory_from_records``. Episodes
+written with every ``ModelCall`` of it, assembled by ``orchard.trajectory.trajectory_from_records``. Episodes
 without an outcome are not exported.
 
 Memory stays bounded by working one partition of the outcomes topic at a time: its selected outcomes are read
@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from consumers.trajectory import trajectory_from_records
 from orchard.bus import Bus, Record, TopicPartition
 from orchard.codec import Codec
 from orchard.datasets.exceptions import DatasetError
@@ -35,6 +34,7 @@ from orchard.datasets.orchard_format import SCHEMA, trajectory_to_row
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.topics import MODEL_CALLS, OUTCOMES
+from orchard.trajectory import trajectory_from_records
 
 log = get_logger("datasets.exporter")
 ExportFormat = Literal["parquet", "jsonl"]

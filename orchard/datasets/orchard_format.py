@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from consumers.trajectory import Step, Trajectory
 from orchard.datasets.exceptions import RowError
 from orchard.prefix_delta import assistant_message
+from orchard.trajectory import Step, Trajectory
 
 FUNCTION_TYPE = pa.struct([("name", pa.string()), ("arguments", pa.string())])
 TOOL_CALL_TYPE = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", FUNCTION_TYPE)])

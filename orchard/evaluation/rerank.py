@@ -21,7 +21,7 @@ from orchard.serialization_errors import SerializationError
 from orchard.topics import TRAJECTORIES
 
 if TYPE_CHECKING:
-    from consumers.trajectory import Trajectory
+    from orchard.trajectory import Trajectory
     from trainers.rerank import Candidate, RerankResult
 
 log = get_logger("orchard.evaluation.rerank")
@@ -83,7 +83,7 @@ class BusTrajectories:
         return {episode_id: self._seen[episode_id] for episode_id in episode_ids if episode_id in self._seen}
 
     def _add(self, records: Iterable[Record]) -> None:
-        from consumers.trajectory_records import trajectory_from_record
+        from orchard.trajectory_records import trajectory_from_record
 
         for record in records:
             try:

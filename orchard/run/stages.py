@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from consumers.start import STAGE_STARTED_ENV
-from consumers.trajectory_records import decode_calls, resolvable_calls
 from orchard.bus import Bus, Consumer, Record, TopicPartition, open_bus
 from orchard.codec import Codec
 from orchard.config import BusConfig
@@ -32,6 +31,7 @@ from orchard.logging import get_logger
 from orchard.run.config import RunConfig, StageConfig
 from orchard.serialization_errors import SerializationError
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, SCORES, TRAJECTORIES
+from orchard.trajectory_records import decode_calls, resolvable_calls
 
 log = get_logger("run.stages")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from consumers.rewards import RewardPlugin, Score, StepResult
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 from recipes.file_lookup.generate import ANSWER_FILE
 
 INSTRUCTION = re.compile(r"Write the value of (?P<key>\S+) in (?P<file>\S+) to answer\.txt\.")

@@ -20,10 +20,10 @@ from consumers.replay import ReplayError, replay
 from consumers.runtime import ConsumerRuntime, read_topic
 from consumers.start import STAGE_STARTED_ENV
 from consumers.synthetic import CapturedRecord, interleaved, synthetic_episode
-from consumers.trajectory_records import trajectory_from_record, trajectory_record
 from orchard.bus import Bus, Record
 from orchard.codec import Codec
 from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
+from orchard.trajectory_records import trajectory_from_record, trajectory_record
 
 CODEC = Codec.default()
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from consumers.trajectory import Trajectory, trajectory_from_records
 from orchard.bus import Bus, open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig, KafkaBusConfig
@@ -31,6 +30,7 @@ from orchard.datasets.conversation import ChatTokenizer
 from orchard.datasets.exporter import ExportSelection, export_trajectories
 from orchard.datasets.importer import DatasetImporter
 from orchard.datasets.layouts import layout_with_overrides
+from orchard.trajectory import Trajectory, trajectory_from_records
 from producers.episode_recorder import EpisodeRecorder
 
 REPO = Path(__file__).resolve().parents[2]

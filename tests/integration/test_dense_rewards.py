@@ -29,12 +29,12 @@ from consumers.dense.distillation import OnPolicyDistillation
 from consumers.dense.exceptions import EngineUnreachableError, TokenMismatchError
 from consumers.dense.process_reward import EngineProcessReward
 from consumers.rewards import Score
-from consumers.trajectory import Step, Trajectory
 from orchard.engines.local import LocalEngine
 from orchard.engines.openai_api import create_engine_app
 from orchard.engines.server import serve_in_thread
 from orchard.engines.tiny import build_tiny_checkpoint
 from orchard.engines.token_trace import trace_of
+from orchard.trajectory import Step, Trajectory
 
 MODEL = "tiny-llama"
 CONVERSATIONS = [

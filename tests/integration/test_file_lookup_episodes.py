@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from consumers.trajectory import trajectory_from_records
 from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
@@ -21,6 +20,7 @@ from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
 from orchard.env.tasks import TaskCatalog
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
+from orchard.trajectory import trajectory_from_records
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from recipes.file_lookup.expert import DemoKind, Expert, ExpertBackend
 from recipes.file_lookup.generate import LookupConfig, LookupTask, generate

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 
 from consumers.synthetic import synthetic_episode
-from consumers.trajectory_records import trajectory_record
 from orchard.bus import Bus
 from orchard.codec import Codec
 from orchard.config import BusConfig
 from orchard.run.stages import BusProbe
 from orchard.topics import SCORES, TRAJECTORIES
+from orchard.trajectory_records import trajectory_record
 
 CODEC = Codec.default()
 

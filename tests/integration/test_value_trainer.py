@@ -17,7 +17,6 @@ import typer
 import yaml
 from typer.testing import CliRunner, Result
 
-from consumers.trajectory_records import trajectory_record
 from orchard.bus import Bus, open_bus
 from orchard.cli.common import CliState
 from orchard.cli.train_value import eval_rerank, value
@@ -28,6 +27,7 @@ from orchard.store import ArtifactStore, open_store
 from orchard.store.versions import manifest_key
 from orchard.tokens import pack_logprobs, pack_token_ids
 from orchard.topics import POLICY_VERSIONS, TRAJECTORIES
+from orchard.trajectory_records import trajectory_record
 from trainers.checkpoint import CheckpointStore
 from trainers.value import ValueModel, ValueModelConfig
 from trainers.value_trainer import ValueTrainerConfig, run_value_trainer

@@ -14,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from consumers.synthetic import SyntheticEpisode, synthetic_episode
-from consumers.trajectory_records import trajectory_record
 from orchard.bus import open_bus
 from orchard.cli.main import app
 from orchard.cli.record_json import SUMMARY_EDGE
@@ -22,6 +21,7 @@ from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.tokens import unpack_array
 from orchard.topics import DEAD_LETTERS, MODEL_CALLS, OUTCOMES, TRAJECTORIES
+from orchard.trajectory_records import trajectory_record
 
 CODEC = Codec.default()
 EPISODES = {"ep-a": "alpha", "ep-b": "beta"}

@@ -11,11 +11,11 @@ from consumers.config import AssemblerConfig
 from consumers.runtime import DriverCore
 from consumers.state import ChangelogStateStore
 from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
-from consumers.trajectory import Trajectory, trajectory_from_records
-from consumers.trajectory_records import trajectory_from_record
 from orchard.bus import Record
 from orchard.bus.base import partition_for_key
 from orchard.codec import Codec
+from orchard.trajectory import Trajectory, trajectory_from_records
+from orchard.trajectory_records import trajectory_from_record
 
 CODEC = Codec.default()
 PARTITIONS = 4

@@ -11,7 +11,7 @@ import pytest
 
 from consumers.actions import command_action, edited_paths, trajectory_actions
 from consumers.credit import CreditConfig, CreditWeights, StepCredit, assign_credit, fix_files_of, step_facts
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 
 # (tool call or None for a text reply, result the harness sent back, finish reason)
 Turn = tuple[dict[str, Any] | None, str | None, str]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from consumers.groups import ClosedGroup, GroupBuilder, Member, group_key
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 
 
 class DictStore:

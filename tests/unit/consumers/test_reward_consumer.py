@@ -11,9 +11,9 @@ from consumers.rewards import FunctionReward, RewardPlugin
 from consumers.runtime import DriverCore
 from consumers.state import ChangelogStateStore
 from consumers.synthetic import synthetic_episode
-from consumers.trajectory_records import trajectory_record
 from orchard.bus import Record
 from orchard.codec import Codec
+from orchard.trajectory_records import trajectory_record
 
 CODEC = Codec.default()
 

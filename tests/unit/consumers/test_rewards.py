@@ -16,7 +16,7 @@ from consumers.rewards import (
     register_reward,
     step_score_record,
 )
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 
 
 def _step(index: int, text: str) -> Step:

@@ -11,8 +11,8 @@ import pytest
 import consumers.dense  # noqa: F401 - registers the plug-ins by name
 from consumers.dense.process_reward import RuleProcessReward
 from consumers.rewards import load_reward, step_score_record
-from consumers.trajectory import Step, Trajectory
 from orchard.exceptions import ConfigError
+from orchard.trajectory import Step, Trajectory
 
 SYSTEM = {"role": "system", "content": "You are an autonomous software agent."}
 TASK = {"role": "user", "content": "Fix the parser bug."}

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from consumers.trajectory import Step, Trajectory
 from orchard.datasets.exceptions import RowError
 from orchard.datasets.orchard_format import calls_from_row, message_to_row, row_to_message, trajectory_to_row
+from orchard.trajectory import Step, Trajectory
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"command": "ls"}'}}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from consumers.trajectory import Trajectory
 from orchard.evaluation.heldout import EpisodeResult
 from orchard.evaluation.rerank import ValuePicker
+from orchard.trajectory import Trajectory
 from trainers.rerank import Candidate, RerankResult, select_best
 
 SCORES = {"a0": 0.2, "a1": 0.9, "a2": 0.5}

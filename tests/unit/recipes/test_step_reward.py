@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from consumers.rewards import load_reward
-from consumers.trajectory import Step, Trajectory
+from orchard.trajectory import Step, Trajectory
 from recipes.file_lookup.step_reward import RULE_WEIGHTS, FileLookupSteps
 
 SYSTEM = {"role": "system", "content": "You are an autonomous software agent working in a Unix shell."}

@@ -12,7 +12,6 @@ import pytest
 
 from consumers.start import STAGE_STARTED_ENV
 from consumers.synthetic import synthetic_episode
-from consumers.trajectory_records import trajectory_record
 from orchard.bus import Bus, open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
@@ -23,6 +22,7 @@ from orchard.run.rundir import RunDir
 from orchard.run.stages import BusProbe, StageRunner
 from orchard.run.supervisor import Supervisor
 from orchard.topics import DEAD_LETTERS, SCORES, TRAJECTORIES
+from orchard.trajectory_records import trajectory_record
 
 CODEC = Codec.default()
 RECIPE: dict[str, Any] = {

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from consumers.trajectory import Step, Trajectory
 from orchard.engines.tiny import build_tiny_tokenizer
+from orchard.trajectory import Step, Trajectory
 from trainers.rerank import (
     Candidate,
     LabelledCandidate,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from consumers.trajectory import Step, Trajectory
 from orchard.engines.tiny import build_tiny_checkpoint, build_tiny_tokenizer
+from orchard.trajectory import Step, Trajectory
 from trainers.value import (
     ValueExample,
     ValueModel,

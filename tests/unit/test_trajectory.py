@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consumers.trajectory import trajectory_from_records
 from orchard.bus.embedded import EmbeddedBus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
+from orchard.trajectory import trajectory_from_records
 from producers.episode_recorder import EpisodeRecorder
 
 

@@ -2,7 +2,7 @@
 
 A ``Trajectory`` record nests the episode's original encoded ``ModelCall`` and ``EpisodeOutcome`` records
 (see ``schemas/README.md``); ``trajectory_from_record`` decodes them and resolves prefix deltas into the
-in-memory ``consumers.trajectory.Trajectory`` every downstream consumer works with.
+in-memory ``orchard.trajectory.Trajectory`` every downstream consumer works with.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from consumers.trajectory import Trajectory, trajectory_from_records
 from orchard.codec import Codec
+from orchard.trajectory import Trajectory, trajectory_from_records
 
 
 def trajectory_record(
