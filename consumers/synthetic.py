@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from orchard.bus.base import DeliveryCallback, Producer
+from orchard.episode_recorder import EpisodeRecorder, EpisodeStatus
 from orchard.topics import MODEL_CALLS, OUTCOMES
-from producers.episode_recorder import EpisodeRecorder, EpisodeStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from rich.progress import Progress
 from orchard.bus import Bus, TopicPartition, open_bus
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
+from orchard.episode_recorder import EpisodeRecorder
 from orchard.prefix_delta import PromptReconstructor
 from orchard.store import open_store
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
-from producers.episode_recorder import EpisodeRecorder
 from trainers.weights import policy_artifact_name, publish_policy_version
 
 DEMO_MODEL = "tiny-demo"

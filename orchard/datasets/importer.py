@@ -32,10 +32,10 @@ from orchard.datasets.exceptions import DatasetError, RowError
 from orchard.datasets.layouts import Layout, extract
 from orchard.datasets.orchard_format import calls_from_row
 from orchard.datasets.sources import SourceRow, iter_rows
+from orchard.episode_recorder import EpisodeRecorder, EpisodeStatus
 from orchard.logging import get_logger
 from orchard.serialization_errors import PrefixDeltaError, SchemaValidationError
 from orchard.topics import DEAD_LETTERS, MODEL_CALLS, OUTCOMES
-from producers.episode_recorder import EpisodeRecorder, EpisodeStatus
 
 log = get_logger("datasets.importer")
 FLUSH_EVERY_ROWS = 256  # bounds what the producer holds unacknowledged

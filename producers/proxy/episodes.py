@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.bus.base import Delivery
 from orchard.codec import Codec
+from orchard.episode_recorder import EpisodeRecorder
 from orchard.logging import get_logger
-from producers.episode_recorder import EpisodeRecorder
 from producers.proxy.bus_writer import BusWriter
 from producers.proxy.completion import Completion
 from producers.proxy.exceptions import AuthenticationError, ConflictError, NotFoundError, RecordingIncompleteError

@@ -30,8 +30,8 @@ from orchard.datasets.conversation import ChatTokenizer
 from orchard.datasets.exporter import ExportSelection, export_trajectories
 from orchard.datasets.importer import DatasetImporter
 from orchard.datasets.layouts import layout_with_overrides
+from orchard.episode_recorder import EpisodeRecorder
 from orchard.trajectory import Trajectory, trajectory_from_records
-from producers.episode_recorder import EpisodeRecorder
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]

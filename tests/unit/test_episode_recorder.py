@@ -11,8 +11,8 @@ from orchard.bus import RecordTooLargeError
 from orchard.bus.embedded import EmbeddedBus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
+from orchard.episode_recorder import EpisodeRecorder
 from orchard.prefix_delta import PromptReconstructor
-from producers.episode_recorder import EpisodeRecorder
 
 
 def test_a_failed_publish_does_not_poison_the_calls_after_it(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 from orchard.bus.embedded import EmbeddedBus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
+from orchard.episode_recorder import EpisodeRecorder
 from orchard.trajectory import trajectory_from_records
-from producers.episode_recorder import EpisodeRecorder
 
 
 def _recorded_episode(tmp_path: Path) -> tuple[list[dict], dict, list[np.ndarray]]:

@@ -17,10 +17,10 @@ from consumers.processor import Input, RecordRejected
 from consumers.samples import SampleBuilder, SampleBuilderConfig
 from consumers.sequences import CallSpan, build_sequences
 from orchard.codec import Codec
+from orchard.episode_recorder import EpisodeRecorder
 from orchard.tokens import unpack_array
 from orchard.trajectory import Step
 from orchard.trajectory_records import trajectory_record
-from producers.episode_recorder import EpisodeRecorder
 
 CODEC = Codec.default()
 
