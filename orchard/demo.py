@@ -19,6 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, TopicPartition, open_bus
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
@@ -26,7 +27,7 @@ from orchard.episode_recorder import EpisodeRecorder
 from orchard.prefix_delta import PromptReconstructor
 from orchard.store import open_store
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
-from trainers.weights import policy_artifact_name, publish_policy_version
+from trainers.weights import publish_policy_version
 
 DEMO_MODEL = "tiny-demo"
 

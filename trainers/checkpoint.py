@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchard.artifacts import checkpoint_artifact_name
 from orchard.logging import get_logger
 from orchard.store import ArtifactStore, VersionExistsError
 from trainers.exceptions import CheckpointError
@@ -44,11 +45,6 @@ STATE_TENSORS = "state.pt"
 STATE_JSON = "state.json"
 Offsets = dict[str, dict[int, int]]
 """topic -> partition -> next offset to read."""
-
-
-def checkpoint_artifact_name(run_id: str, model: str) -> str:
-    """Where a run's trainer checkpoints of ``model`` live in the store."""
-    return f"runs/{run_id}/checkpoints/{model}"
 
 
 @dataclass

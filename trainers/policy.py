@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, open_bus
 from orchard.bus.dead_letter import DeadLetterRouter
 from orchard.codec import Codec
@@ -69,7 +70,7 @@ from trainers.losses import LossOutput, packed_loss, token_logprobs
 from trainers.metrics import TrainerMetrics, step_values
 from trainers.stage_input import pass_order, read_to_end, stage_bounds, unique_sorted
 from trainers.staleness import LagStats, StalenessCheck
-from trainers.weights import announce_published_version, policy_artifact_name, publish_policy_version
+from trainers.weights import announce_published_version, publish_policy_version
 
 log = get_logger("trainers.policy")
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Producer, Record
 from orchard.bus.base import TopicPartition
 from orchard.bus.dead_letter import DeadLetterRouter
@@ -40,7 +41,7 @@ from orchard.trajectory_records import trajectory_from_record
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.exceptions import CheckpointError
 from trainers.value import ValueExample, ValueModel, ValueModelConfig, bce_step, trajectory_label, trajectory_tokens
-from trainers.weights import policy_artifact_name, publish_policy_version
+from trainers.weights import publish_policy_version
 
 log = get_logger("trainers.value_trainer")
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import Producer
 from orchard.clock import now_ms
 from orchard.codec import Codec
@@ -20,11 +21,6 @@ from orchard.store.versions import manifest_key
 from orchard.topics import POLICY_VERSIONS
 
 log = get_logger("trainers.weights")
-
-
-def policy_artifact_name(run_id: str, model: str) -> str:
-    """Where a run's policy versions live in the store."""
-    return f"runs/{run_id}/{model}"
 
 
 def publish_policy_version(

@@ -367,9 +367,9 @@ def _rerank_candidates(
 
 
 def _load_value_model(ctx: typer.Context, path: Path | None, name: str, tmp: Path) -> ValueModel:
+    from orchard.artifacts import policy_artifact_name
     from orchard.store import open_store
     from trainers.value import VALUE_INFO_FILE, ValueModel, ValueModelConfig
-    from trainers.weights import policy_artifact_name
 
     if path is not None:
         if not (path / VALUE_INFO_FILE).is_file():

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Consumer, open_bus
 from orchard.codec import Codec
 from orchard.engines.exceptions import EngineError
@@ -36,7 +37,6 @@ from orchard.serialization_errors import SerializationError
 from orchard.store import ArtifactStore, IntegrityError, open_store
 from orchard.store.versions import manifest_key
 from orchard.topics import POLICY_VERSIONS, TOPICS_BY_NAME
-from trainers.weights import policy_artifact_name
 
 if TYPE_CHECKING:
     from orchard.config import OrchardConfig

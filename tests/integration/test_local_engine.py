@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.engines.exceptions import EngineError
@@ -50,7 +51,7 @@ from orchard.engines.tiny import TOKENIZER_REVISION, build_tiny_checkpoint
 from orchard.engines.token_trace import TokenTrace, trace_of
 from orchard.store import open_store
 from orchard.topics import POLICY_VERSIONS
-from trainers.weights import policy_artifact_name, publish_policy_version
+from trainers.weights import publish_policy_version
 
 MODEL = "tiny-llama"
 CHAT = "/v1/chat/completions"

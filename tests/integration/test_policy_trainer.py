@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig, KafkaBusConfig, LocalStoreConfig, OrchardConfig, S3StoreConfig
@@ -40,7 +41,6 @@ from trainers.checkpoint import CheckpointStore
 from trainers.config import PolicyTrainerConfig, StalenessConfig
 from trainers.policy import PolicyTrainer
 from trainers.synthetic import produce_samples, synthetic_sample, synthetic_stream
-from trainers.weights import policy_artifact_name
 
 MODEL = "tiny-llama-micro"
 TINY_VOCAB = 420

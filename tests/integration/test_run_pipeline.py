@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from orchard.artifacts import checkpoint_artifact_name
 from orchard.bus import Bus, TopicPartition, open_bus
 from orchard.codec import Codec
 from orchard.config import LocalStoreConfig, load_config
@@ -33,7 +34,6 @@ from orchard.store import open_store
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, SAMPLES
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import LookupConfig, generate
-from trainers.checkpoint import checkpoint_artifact_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 ORCHARD = Path(sys.executable).with_name("orchard")

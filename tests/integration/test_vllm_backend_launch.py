@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from orchard.artifacts import policy_artifact_name
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.engines.config import EngineConfig
@@ -35,7 +36,7 @@ from orchard.engines.vllm_backend import (
 )
 from orchard.http_server import BackgroundServer
 from orchard.store import open_store
-from trainers.weights import policy_artifact_name, publish_policy_version
+from trainers.weights import publish_policy_version
 
 FAKE = Path(__file__).with_name("fake_vllm.py")
 SHAPES = {"model.embed_tokens.weight": (16, 4), "model.norm.weight": (4,)}
