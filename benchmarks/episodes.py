@@ -63,8 +63,9 @@ from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan
 from orchard.env.tasks import TaskCatalog, TaskSpec
+from orchard.episode_requests import EpisodeRequest
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
-from producers.rollout.scheduler import EnvSubmitter, EpisodeRequest
+from producers.rollout.scheduler import EnvSubmitter
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import LookupConfig, generate
 

@@ -20,9 +20,10 @@ import typer
 
 from orchard.bus import Bus
 from orchard.cli.common import err_console, state
+from orchard.episode_requests import EpisodeRequest, SubmitFn
 from orchard.exceptions import ConfigError
 from orchard.logging import get_logger
-from producers.rollout.scheduler import EnvSubmitter, EpisodeRequest, SubmitFn
+from producers.rollout.scheduler import EnvSubmitter
 
 app = typer.Typer(help="Start episodes on Orchard Env: Balanced Adaptive Rollout rounds, or expert demonstrations.")
 log = get_logger("cli.rollout")

@@ -34,19 +34,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchard.bus import Bus, Record
 from orchard.codec import Codec
 from orchard.episode_groups import EVAL_GROUP_PREFIX, is_eval_group  # noqa: F401 - re-exported
+from orchard.episode_requests import EpisodeRequest, SubmitFn
 from orchard.evaluation.breakdown import LabelGroup, breakdown
 from orchard.evaluation.cost import EvalCost, TokenCount, cost_of, read_token_counts
 from orchard.evaluation.stats import CiMethod, MeanStats, SuccessStats, mean_stats, success_stats_of
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.topics import MODEL_CALLS, OUTCOMES
-from producers.rollout.scheduler import EpisodeRequest
 
 log = get_logger("orchard.evaluation")
 
 MISSING = "MISSING"
 """The status of an episode that had no outcome by the deadline."""
-SubmitFn = Callable[[EpisodeRequest], None]
 Selection = Literal["first", "pass", "rerank"]
 TaskLabels = Mapping[str, Mapping[str, str]]
 """Labels of each task, by task id."""

@@ -19,8 +19,7 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.bus import Bus, Consumer, Record
 from orchard.codec import Codec
+from orchard.episode_requests import EpisodeRequest, SubmitFn
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from orchard.topics import OUTCOMES
@@ -57,34 +57,6 @@ class RolloutSchedulerConfig(BaseModel):
     episode_timeout_s: float | None = Field(None, gt=0, description="Override of Env's episode timeout.")
     options: dict[str, Any] = Field(default_factory=dict, description="Harness- or task-specific settings.")
     topic: str = Field(OUTCOMES, min_length=1, description="Topic of EpisodeOutcome records.")
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeRequest:
-    """One episode to start: the fields of Orchard Env's ``POST /episodes`` body."""
-
-    task_id: str
-    group_id: str
-    episode_id: str
-    harness: str
-    model: str
-    timeout_s: float | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def submission(self) -> dict[str, Any]:
-        """The JSON body of ``POST /episodes`` (``orchard.env.service.EpisodeSubmission``)."""
-        return {
-            "task_id": self.task_id,
-            "harness": self.harness,
-            "model": self.model,
-            "episode_id": self.episode_id,
-            "group_id": self.group_id,
-            "timeout_s": self.timeout_s,
-            "options": dict(self.options),
-        }
-
-
-SubmitFn = Callable[[EpisodeRequest], None]
 
 
 def group_id_for(round_index: int, task_id: str) -> str:

@@ -10,8 +10,9 @@ import numpy as np
 
 from orchard.bus import Bus
 from orchard.codec import Codec
+from orchard.episode_requests import EpisodeRequest
 from producers.rollout.balanced import BalancedRolloutConfig
-from producers.rollout.scheduler import EpisodeRequest, RolloutSchedulerConfig, run_rollout_scheduler
+from producers.rollout.scheduler import RolloutSchedulerConfig, run_rollout_scheduler
 
 WHEN = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 RATES = {"never": 0.0, "coin": 0.5, "always": 1.0}

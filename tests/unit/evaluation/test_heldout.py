@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from orchard.bus import Bus
+from orchard.episode_requests import EpisodeRequest
 from orchard.evaluation.heldout import (
     EpisodeResult,
     HeldoutConfig,
@@ -23,7 +24,6 @@ from orchard.evaluation.heldout import (
     plan_episodes,
 )
 from orchard.evaluation.stats import success_stats, wilson_interval
-from producers.rollout.scheduler import EpisodeRequest
 
 Outcome = Callable[..., dict[str, Any]]
 

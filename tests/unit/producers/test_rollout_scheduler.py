@@ -8,11 +8,11 @@ import re
 import httpx
 import pytest
 
+from orchard.episode_requests import EpisodeRequest
 from producers.rollout.balanced import BalancedRolloutConfig
 from producers.rollout.exceptions import SubmissionError
 from producers.rollout.scheduler import (
     EnvSubmitter,
-    EpisodeRequest,
     RolloutScheduler,
     RolloutSchedulerConfig,
     episode_id_for,
