@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from orchard.bus import Bus, Consumer, Record
 from orchard.codec import Codec
 from orchard.evaluation.heldout import EpisodeResult
 from orchard.logging import get_logger
+from orchard.rerank_candidates import Candidate, RerankResult
 from orchard.serialization_errors import SerializationError
 from orchard.topics import TRAJECTORIES
-
-if TYPE_CHECKING:
-    from orchard.trajectory import Trajectory
-    from trainers.rerank import Candidate, RerankResult
+from orchard.trajectory import Trajectory
+from orchard.trajectory_records import trajectory_from_record
 
 log = get_logger("orchard.evaluation.rerank")
-TrajectoryFetch = Callable[[set[str], float], "dict[str, Trajectory]"]
+TrajectoryFetch = Callable[[set[str], float], dict[str, Trajectory]]
 """Returns the trajectories of the given episode ids that are available before the deadline (a monotonic time)."""
 
 
@@ -46,8 +45,6 @@ class ValuePicker:
 
     def __call__(self, task_id: str, candidates: Sequence[EpisodeResult]) -> EpisodeResult:
         """The chosen episode of ``task_id``."""
-        from trainers.rerank import Candidate
-
         finished = [c for c in candidates if c.finished]
         if not finished:
             return candidates[0]
@@ -83,8 +80,6 @@ class BusTrajectories:
         return {episode_id: self._seen[episode_id] for episode_id in episode_ids if episode_id in self._seen}
 
     def _add(self, records: Iterable[Record]) -> None:
-        from orchard.trajectory_records import trajectory_from_record
-
         for record in records:
             try:
                 decoded = self._codec.decode(record.value)

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 from orchard.evaluation.heldout import EpisodeResult
 from orchard.evaluation.rerank import ValuePicker
+from orchard.rerank_candidates import Candidate, RerankResult
 from orchard.trajectory import Trajectory
-from trainers.rerank import Candidate, RerankResult, select_best
+from trainers.rerank import select_best
 
 SCORES = {"a0": 0.2, "a1": 0.9, "a2": 0.5}
 

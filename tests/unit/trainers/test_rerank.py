@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from orchard.engines.tiny import build_tiny_tokenizer
+from orchard.rerank_candidates import Candidate
 from orchard.trajectory import Step, Trajectory
 from trainers.rerank import (
-    Candidate,
     LabelledCandidate,
     Reranker,
     candidates_from_trajectories,
