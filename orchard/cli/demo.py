@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from orchard.cli.backbone_demo import run_demo
 from orchard.cli.common import console, state
-from orchard.demo import run_demo
 
 
 def demo(
