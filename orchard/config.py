@@ -7,19 +7,24 @@ alone: set ``ORCHARD_BUS__TYPE=kafka``).
 Secrets (S3 keys) are ``SecretStr`` and are meant to come from the environment, never from files in git.
 Nested fields are set from the environment with ``__``: ``ORCHARD_BUS__TYPE=kafka``,
 ``ORCHARD_BUS__BOOTSTRAP_SERVERS=host:9092``, ``ORCHARD_STORE__SECRET_KEY=...``.
+
+This module holds the core's sections only (run, bus, store, logging) and imports nothing of the layers above it.
+A section a layer above owns (``consumers:``) is kept here as plain data, so any process can read a config file that
+has it; its layer's model validates it, and ``orchard.run.settings.FullConfig`` (what every ``orchard`` command
+loads) types it, so its environment variables (``ORCHARD_CONSUMERS__SAMPLE_BUILDER__KINDS``) work as before.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from consumers.config import ConsumersConfig
 from orchard.exceptions import ConfigError
 
 DEFAULT_HOME = Path(".orchard")
@@ -140,14 +145,19 @@ StoreConfig = Annotated[
 
 
 class OrchardConfig(BaseSettings):
-    """Everything a process needs to reach the bus and the store; the root of every component's config."""
+    """Everything a process needs to reach the bus and the store; the root of every component's config (the layers
+    above the core extend it: ``orchard.run.settings.FullConfig``)."""
 
     model_config = SettingsConfigDict(env_prefix="ORCHARD_", env_nested_delimiter="__", extra="forbid")
 
     run_id: str = Field("default", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Identity of the run.")
     bus: BusConfig = Field(default_factory=EmbeddedBusConfig)
     store: StoreConfig = Field(default_factory=LocalStoreConfig)
-    consumers: ConsumersConfig = Field(default_factory=ConsumersConfig)
+    consumers: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of the stream consumers, as plain data; validated by the consumers' own model "
+        "(consumers.config.ConsumersConfig, as orchard.run.settings.FullConfig types this section).",
+    )
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -164,20 +174,27 @@ class OrchardConfig(BaseSettings):
         return (env_settings, init_settings)
 
 
-class _ExplicitOnly(OrchardConfig):
-    """Validates explicit values only, so command-line overrides win over the environment."""
+ConfigT = TypeVar("ConfigT", bound=OrchardConfig)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Only the values passed in."""
-        return (init_settings,)
+
+@functools.cache
+def _explicit_only(schema: type[ConfigT]) -> type[ConfigT]:
+    """``schema`` validating explicit values only, so command-line overrides win over the environment."""
+
+    class ExplicitOnly(schema):  # type: ignore[valid-type,misc]
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            """Only the values passed in."""
+            return (init_settings,)
+
+    return ExplicitOnly
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:
@@ -189,9 +206,15 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: Path | None = None, **overrides: Any) -> OrchardConfig:
+def load_config(
+    path: Path | None = None,
+    *,
+    schema: type[ConfigT] = OrchardConfig,  # type: ignore[assignment]
+    **overrides: Any,
+) -> ConfigT:
     """Load the config: YAML file, overlaid by ``ORCHARD_*`` environment variables, overlaid by keyword overrides.
 
+    ``schema`` is the model to validate with: ``OrchardConfig`` or an extension of it by the layers above.
     Raises ``ConfigError`` naming every bad field; nothing starts with an invalid config.
     """
     data: dict[str, Any] = {}
@@ -206,9 +229,9 @@ def load_config(path: Path | None = None, **overrides: Any) -> OrchardConfig:
             raise ConfigError(f"configuration {path} must be a mapping at the top level")
         data = loaded
     try:
-        config = OrchardConfig(**data)
+        config = schema(**data)
         if overrides:
-            config = _ExplicitOnly(**_deep_merge(config.model_dump(), overrides))
+            config = _explicit_only(schema)(**_deep_merge(config.model_dump(), overrides))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, source)) from exc
     return config

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 
 from orchard.bus import Bus, open_bus
-from orchard.config import OrchardConfig, load_config
 from orchard.logging import configure_logging
+from orchard.run.settings import FullConfig, load_full_config
 
 console = Console()
 err_console = Console(stderr=True)
@@ -21,12 +21,12 @@ class CliState:
     """Options given before the subcommand, and what they lazily produce."""
 
     config_path: Path | None = None
-    _config: OrchardConfig | None = field(default=None, repr=False)
+    _config: FullConfig | None = field(default=None, repr=False)
 
-    def config(self) -> OrchardConfig:
+    def config(self) -> FullConfig:
         """The validated config (file, then environment); loaded once."""
         if self._config is None:
-            self._config = load_config(self.config_path)
+            self._config = load_full_config(self.config_path)
             configure_logging(self._config.log_format, self._config.log_level)
         return self._config
 

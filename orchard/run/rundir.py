@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from orchard.config import DEFAULT_HOME, OrchardConfig, S3StoreConfig, describe_validation_error
 from orchard.exceptions import ConfigError
 from orchard.run.config import RunConfig
+from orchard.run.settings import FullConfig
 
 GENERATED_SECRETS = ("ORCHARD_PROXY_ADMIN_TOKEN", "ORCHARD_ENV_TOKEN")
 
@@ -89,7 +90,7 @@ def run_id_for(recipe: RunConfig, run_dir: Path) -> str:
     return recipe.run_id or re.sub(r"[^A-Za-z0-9._-]+", "-", run_dir.resolve().name) or "run"
 
 
-def resolve_orchard_config(recipe: RunConfig, run_dir: Path, settings: Path | None = None) -> OrchardConfig:
+def resolve_orchard_config(recipe: RunConfig, run_dir: Path, settings: Path | None = None) -> FullConfig:
     """Bus, store and consumer settings of the run: the recipe's (default: inside ``run_dir``), replaced by a
     settings file's sections, overridden by ``ORCHARD_*`` variables. A ``ORCHARD_BUS__TYPE``/``ORCHARD_STORE__TYPE``
     naming another backend than the recipe's replaces that section, so Kafka + S3 need no recipe change."""
@@ -107,7 +108,7 @@ def resolve_orchard_config(recipe: RunConfig, run_dir: Path, settings: Path | No
         if env_type and env_type != data[section].get("type"):
             del data[section]  # the environment describes another backend entirely
     try:
-        return OrchardConfig(**data)
+        return FullConfig(**data)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "run settings (recipe, --settings, ORCHARD_*)")) from exc
 

@@ -19,11 +19,12 @@ from pydantic_settings import BaseSettings
 from consumers.builtin import available
 from consumers.dense.settings import DistillationSettings, JudgeSettings, RuleSettings
 from orchard.cli.main import app
-from orchard.config import KafkaBusConfig, OrchardConfig, S3StoreConfig
+from orchard.config import KafkaBusConfig, S3StoreConfig
 from orchard.env.k8s_objects import KubernetesRuntimeConfig
 from orchard.run.commands import component_args
 from orchard.run.config import CommandComponent, EnvComponent, RunConfig, load_run_config
 from orchard.run.rundir import resolve_orchard_config
+from orchard.run.settings import FullConfig
 from producers.proxy.settings import ProxySettings
 from recipes.swe import swebench_build
 from recipes.swe.images import IMAGE_REFERENCE
@@ -111,26 +112,26 @@ def settings_of(name: str) -> type[BaseSettings] | None:
             assert name[len(prefix) :].lower() in model.model_fields, f"{name} is no field of {model.__name__}"
             return model
     top = name.removeprefix("ORCHARD_").split("__")[0].lower()
-    assert name.startswith("ORCHARD_") and top in OrchardConfig.model_fields, f"{name} is no Orchard setting"
-    return OrchardConfig
+    assert name.startswith("ORCHARD_") and top in FullConfig.model_fields, f"{name} is no Orchard setting"
+    return FullConfig
 
 
 def load_settings(env: dict[str, str], recipe: RunConfig | None = None) -> dict[type[BaseSettings], BaseSettings]:
     """Every settings model the ORCHARD_* variables of ``env`` feed, loaded from exactly that environment (with
     ``recipe``: Orchard's config as `orchard run` resolves it, the recipe's sections overridden by ``env``)."""
     ours = {k: v for k, v in env.items() if k.startswith("ORCHARD_")}
-    models = {model for model in map(settings_of, ours) if model is not None} | {OrchardConfig}
+    models = {model for model in map(settings_of, ours) if model is not None} | {FullConfig}
     loaded: dict[type[BaseSettings], BaseSettings] = {}
     with pytest.MonkeyPatch.context() as patch:
         for key in [k for k in os.environ if k.startswith("ORCHARD_")]:
             patch.delenv(key)
         for key, value in ours.items():
             patch.setenv(key, value)
-        for model in models - ({OrchardConfig} if recipe is not None else set()):
+        for model in models - ({FullConfig} if recipe is not None else set()):
             extra = {"backend_base_url": "http://engine:8000/v1"} if model is ProxySettings else {}
             loaded[model] = model(**extra)
         if recipe is not None:
-            loaded[OrchardConfig] = resolve_orchard_config(recipe, Path("/runs/swe-cluster"))
+            loaded[FullConfig] = resolve_orchard_config(recipe, Path("/runs/swe-cluster"))
     return loaded
 
 
@@ -244,7 +245,7 @@ def test_the_trainer_overrides_and_component_environments_are_valid_settings(rec
             assert distillation.teacher_model == recipe.expert["model"]  # type: ignore[attr-defined]
             assert distillation.teacher_url == recipe.expert["url"]  # type: ignore[attr-defined]
         if name == "builder-dense":
-            scorers = settings[OrchardConfig].consumers.sample_builder.scorers  # type: ignore[attr-defined]
+            scorers = settings[FullConfig].consumers.sample_builder.scorers  # type: ignore[attr-defined]
             assert set(scorers) == {"rule_process_reward", "distillation"}
             assert set(scorers) <= set(available())  # registered plug-ins, by the names their scores carry
 
@@ -306,7 +307,7 @@ def test_every_orchard_variable_is_a_setting_and_loads_through_its_settings_mode
         env = container_env(docs, container)
         settings = load_settings(env, recipe if name == "orchard-swe-run" else None)
         if container.get("envFrom") or name == "orchard-swe-run":
-            config = settings[OrchardConfig]
+            config = settings[FullConfig]
             assert (config.bus.type, config.store.type, config.run_id) == ("kafka", "s3", "swe-cluster"), name  # type: ignore[attr-defined]
         if name == "swe-distillation":
             assert settings[DistillationSettings].teacher_url == "http://swe-teacher-vllm.orchard.svc:8000"  # type: ignore[attr-defined]
