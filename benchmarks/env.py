@@ -34,7 +34,7 @@ from rich.table import Table
 
 from orchard.env.client import AsyncSandboxClient, SandboxClient
 from orchard.env.local_runtime import LocalRuntime
-from orchard.env.runtime import SandboxSpec
+from orchard.sandbox import SandboxSpec
 
 console = Console()
 SERVER = """

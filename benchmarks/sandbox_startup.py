@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchard.env.local_runtime import LocalRuntime
-from orchard.env.runtime import SandboxSpec
+from orchard.sandbox import SandboxSpec
 
 PYTHON = "/usr/bin/python3"  # the system interpreter, visible inside every sandbox (a pyenv shim would add 100 ms)
 

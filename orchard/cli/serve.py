@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from orchard.cli.common import state
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig, OrchardConfig, describe_validation_error
-from orchard.env.runtime import Runtime
 from orchard.exceptions import ConfigError
 from orchard.logging import get_logger
+from orchard.sandbox import Runtime
 
 engine_app = typer.Typer(help="Inference engines.", no_args_is_help=True)
 proxy_app = typer.Typer(help="The recording proxy.", no_args_is_help=True)

@@ -1,1 +1,1 @@
-"""Orchard Env: isolated sandboxes for episodes, their runtimes, and the episode service."""
+"""Orchard Env: isolated sandboxes for episodes (the runtimes of ``orchard.sandbox``), and the episode service."""

@@ -50,9 +50,9 @@ from orchard.env.api_models import (
     check_environment,
 )
 from orchard.env.exceptions import InvalidSandboxRequestError, SandboxAuthError, SandboxError, SandboxNotFoundError
-from orchard.env.runtime import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
 from orchard.env.safe_fs import MAX_NAME_BYTES
 from orchard.logging import get_logger
+from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
 
 T = TypeVar("T")
 PTY_READ_TIMEOUT_S = 0.25

@@ -1,4 +1,4 @@
-"""Wire models of the sandbox REST API that are not runtime models (those live in ``orchard.env.runtime``).
+"""Wire models of the sandbox REST API that are not runtime models (those live in ``orchard.sandbox``).
 
 Streamed ``exec`` (``POST /sandboxes/{id}/exec?stream=true``) answers NDJSON, one ``StreamLine`` per line: output
 chunks as ``{"stream": "stdout"|"stderr", "data": "..."}`` (UTF-8 text, invalid bytes replaced), then exactly one

@@ -14,8 +14,8 @@ from typing import Literal
 
 from orchard.bus import BusError, Producer
 from orchard.codec import Codec
-from orchard.env.runtime import SandboxSpec
 from orchard.logging import get_logger
+from orchard.sandbox import SandboxSpec
 from orchard.topics import SANDBOX_EVENTS
 
 Operation = Literal["EXEC", "WRITE_FILE", "READ_FILE", "LIST_FILES", "APPLY_PATCH", "DELETE_FILE", "UPLOAD", "DOWNLOAD"]

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchard.env.exceptions import SandboxStartError
-from orchard.env.runtime import Limits
 from orchard.env.sandbox_view import SandboxView
 from orchard.logging import get_logger
+from orchard.sandbox import Limits
 
 IsolationMode = Literal["auto", "root", "userns", "none"]
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -49,7 +49,7 @@ from kubernetes import client
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchard.env.exceptions import InvalidSandboxRequestError, PathEscapeError
-from orchard.env.runtime import FileEntry, SandboxSpec
+from orchard.sandbox import FileEntry, SandboxSpec
 
 LABEL_RUN = "orchard.dev/run"
 LABEL_EPISODE = "orchard.dev/episode"

@@ -77,9 +77,9 @@ from orchard.env.k8s_objects import (
     secret_name,
     workspace_path,
 )
-from orchard.env.runtime import ExecResult, FileEntry, Runtime, Sandbox, SandboxInfo, SandboxSpec
 from orchard.env.workspace import GIT_IDENTITY
 from orchard.logging import get_logger
+from orchard.sandbox import ExecResult, FileEntry, Runtime, Sandbox, SandboxInfo, SandboxSpec
 
 __all__ = [
     "KubernetesRuntime",

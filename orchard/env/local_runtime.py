@@ -59,16 +59,6 @@ from orchard.env.process import RunningCommand
 from orchard.env.provisioning import Provisioner, SandboxResources, remove_tree
 from orchard.env.proxy_bridge import ProxyBridge
 from orchard.env.pty_session import LocalPty
-from orchard.env.runtime import (
-    ExecResult,
-    FileEntry,
-    GraderRun,
-    PtySession,
-    Runtime,
-    Sandbox,
-    SandboxInfo,
-    SandboxSpec,
-)
 from orchard.env.safe_fs import ConfinedDirectory
 from orchard.env.sandbox_view import (
     GRADER_DIR,
@@ -84,6 +74,16 @@ from orchard.env.seccomp import filter_fd, sandbox_filter_bpf
 from orchard.env.uids import UidAllocator, kill_processes_of
 from orchard.env.watchdog import Watchdog, Watched
 from orchard.logging import get_logger
+from orchard.sandbox import (
+    ExecResult,
+    FileEntry,
+    GraderRun,
+    PtySession,
+    Runtime,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
 
 MIB = 1024 * 1024
 PATCH_TIMEOUT_S = 60.0

@@ -21,9 +21,9 @@ from orchard.env.mounts import mount_scratch, unmount
 from orchard.env.netns import listen_loopback, loopback_up, run_in_netns
 from orchard.env.process import spawn
 from orchard.env.proxy_bridge import BridgeListener, ProxyBridge
-from orchard.env.runtime import SandboxSpec
 from orchard.env.uids import UidAllocator, UidLease
 from orchard.env.workspace import chown_tree, copy_source, git_snapshot
+from orchard.sandbox import SandboxSpec
 
 MIB = 1024 * 1024
 HOLDER_READY_TIMEOUT_S = 15.0

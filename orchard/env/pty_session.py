@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from orchard.env.process import kill_tree, shell_status, spawn
-from orchard.env.runtime import PtySession
+from orchard.sandbox import PtySession
 
 OnClose = Callable[["LocalPty"], None]
 

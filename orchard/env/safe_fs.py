@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from orchard.env.exceptions import InvalidSandboxRequestError, PathEscapeError, SandboxFileNotFoundError
-from orchard.env.runtime import FileEntry
+from orchard.sandbox import FileEntry
 
 MAX_SYMLINK_HOPS = 40
 MAX_NAME_BYTES = 255

@@ -20,8 +20,8 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from orchard.env.runtime import Limits, Sandbox
 from orchard.exceptions import ConfigError, OrchardError
+from orchard.sandbox import Limits, Sandbox
 
 SIGNALS_FILE = "signals.json"
 """The grader's partial-credit signals, in ``$ORCHARD_GRADER_OUT``."""

@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from orchard.env.runtime import Sandbox
 from orchard.exceptions import OrchardError
 from orchard.logging import get_logger
+from orchard.sandbox import Sandbox
 
 log = get_logger("orchard.harnesses")
 

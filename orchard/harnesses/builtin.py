@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     SETUP_TIMEOUT_S,
     STATE_DIR,
@@ -37,6 +36,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 TASK_FILE = "task.md"
 TRAJECTORY_FILE = "trajectory.jsonl"

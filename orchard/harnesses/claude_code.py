@@ -56,7 +56,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
@@ -70,6 +69,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 CLAUDE_CODE_VERSION = "2.1.332"
 """The Claude Code version ``infra/local/install_harnesses.sh`` installs and this adapter was checked against."""

@@ -60,7 +60,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     FileText,
     HarnessAdapter,
@@ -76,6 +75,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 CODEX_VERSION = "0.169.0"
 """The Codex CLI version ``infra/local/install_harnesses.sh`` installs and this adapter was checked against."""

@@ -39,7 +39,6 @@ from typing import Any
 
 import yaml
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
@@ -52,6 +51,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 CONFIG_FILE = "config.yaml"
 TRAJECTORY_FILE = "trajectory.json"

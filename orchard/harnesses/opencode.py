@@ -52,7 +52,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
@@ -67,6 +66,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 OPENCODE_VERSION = "1.18.33"
 """The opencode version ``infra/local/install_harnesses.sh`` installs and this adapter was checked against."""

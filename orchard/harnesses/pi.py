@@ -48,7 +48,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
@@ -63,6 +62,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 PI_VERSION = "0.73.1"
 """The pi version ``infra/local/install_harnesses.sh`` installs and this adapter was checked against."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessTask,
     ModelEndpoint,
@@ -25,6 +24,7 @@ from orchard.harnesses.base import (
     write_state_file,
 )
 from orchard.harnesses.builtin import TASK_FILE, TRAJECTORY_FILE, BuiltinAgentAdapter
+from orchard.sandbox import Sandbox
 
 SOURCE_DIR = Path(__file__).resolve().parent
 RUNTIME_MODULES = ("__init__.py", "agent.py", "services.py", "tools.py", "mcp_server.py")

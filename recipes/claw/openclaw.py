@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
@@ -47,6 +46,7 @@ from orchard.harnesses.base import (
     register_adapter,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 from recipes.claw.harness import RUNTIME_MODULES, SOURCE_DIR
 
 CONFIG_FILE, TASK_FILE, RESULT_FILE = "config.json", "task.md", "result.json"

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import HarnessTask, ModelEndpoint, ShellArg, shell_command, write_state_file
 from orchard.harnesses.builtin import TASK_FILE, TRAJECTORY_FILE, BuiltinAgentAdapter
+from orchard.sandbox import Sandbox
 from recipes.gui.agent import CHROMIUM
 
 SOURCE_DIR = Path(__file__).resolve().parent

@@ -49,8 +49,8 @@ from pathlib import Path
 import yaml
 from pydantic import ConfigDict, Field
 
-from orchard.env.runtime import Limits
 from orchard.logging import get_logger
+from orchard.sandbox import Limits
 from recipes.swe.build import BuildConfig, BuildError, grader_instance, node_file, task_yaml, write_grader
 from recipes.swe.grade import working_files
 from recipes.swe.instance import Split, SweInstance, load_swebench

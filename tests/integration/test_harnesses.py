@@ -30,7 +30,6 @@ from typing import Any, Literal
 import pytest
 
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
-from orchard.env.runtime import ExecResult, FileEntry, Sandbox, SandboxSpec
 from orchard.harnesses import HarnessTask, ModelEndpoint, get_adapter, run_harness
 from orchard.harnesses.base import (
     HarnessSetupError,
@@ -42,6 +41,7 @@ from orchard.harnesses.base import (
 )
 from orchard.harnesses.builtin import AGENT_SOURCE, MAX_ARGUMENT_BYTES
 from orchard.harnesses.codex_cli import to_toml
+from orchard.sandbox import ExecResult, FileEntry, Sandbox, SandboxSpec
 from producers.proxy import BackgroundServer
 
 TOKEN = "episode-token-0123456789"  # noqa: S105 - a test token

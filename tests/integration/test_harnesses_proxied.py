@@ -32,13 +32,13 @@ from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
-from orchard.env.runtime import Sandbox
 from orchard.env.scheduler import EpisodeState
 from orchard.harnesses import HarnessRun, HarnessTask, ModelEndpoint, get_adapter, register_adapter, run_harness
 from orchard.harnesses.claude_code import ClaudeCodeAdapter
 from orchard.harnesses.opencode import OpencodeAdapter
 from orchard.harnesses.pi import PiAdapter
 from orchard.prefix_delta import PromptReconstructor
+from orchard.sandbox import Sandbox
 from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app

@@ -21,7 +21,7 @@ import pytest
 from orchard.env.exceptions import SandboxNotFoundError
 from orchard.env.k8s_objects import KubernetesRuntimeConfig, ProxyEgress, pod_name
 from orchard.env.kubernetes_runtime import KubernetesRuntime, KubernetesSandbox
-from orchard.env.runtime import FileEntry, Limits, SandboxSpec
+from orchard.sandbox import FileEntry, Limits, SandboxSpec
 
 pytestmark = [
     pytest.mark.kubernetes,

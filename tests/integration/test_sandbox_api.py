@@ -30,7 +30,7 @@ from orchard.env.exceptions import (
     SandboxNotFoundError,
 )
 from orchard.env.local_runtime import LocalRuntime
-from orchard.env.runtime import FileEntry, Sandbox, SandboxSpec
+from orchard.sandbox import FileEntry, Sandbox, SandboxSpec
 
 TOKEN = "test-token-0123456789"  # noqa: S105 - a test credential
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from orchard.env.runtime import Sandbox
 from orchard.harnesses.base import (
     HarnessAdapter,
     HarnessArtifacts,
@@ -27,6 +26,7 @@ from orchard.harnesses.base import (
     register_adapter,
     write_state_file,
 )
+from orchard.sandbox import Sandbox
 
 NAME = "redteam"
 KIT = Path(__file__).resolve().parent / "kit.py"

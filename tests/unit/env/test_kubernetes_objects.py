@@ -54,7 +54,7 @@ from orchard.env.kubernetes_runtime import (
     KubernetesStartError,
     exit_code_of,
 )
-from orchard.env.runtime import FileEntry, Limits, SandboxSpec
+from orchard.sandbox import FileEntry, Limits, SandboxSpec
 
 NOW = 1_800_000_000.0
 PROXY_LABELS = {"app.kubernetes.io/name": "orchard-proxy"}

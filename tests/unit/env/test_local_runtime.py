@@ -36,8 +36,8 @@ from orchard.env.exceptions import (
 )
 from orchard.env.isolation import detect_isolation
 from orchard.env.local_runtime import LocalRuntime, LocalSandbox
-from orchard.env.runtime import FileEntry, Limits, SandboxSpec
 from orchard.env.uids import kill_processes_of
+from orchard.sandbox import FileEntry, Limits, SandboxSpec
 from orchard.topics import SANDBOX_EVENTS
 
 ISOLATION = detect_isolation("auto")
@@ -695,7 +695,7 @@ NON_ROOT_SCRIPT = """
 import sys
 from pathlib import Path
 from orchard.env.local_runtime import LocalRuntime
-from orchard.env.runtime import SandboxSpec
+from orchard.sandbox import SandboxSpec
 from orchard.logging import configure_logging
 configure_logging("json", "WARNING")
 runtime = LocalRuntime(Path(sys.argv[1]))

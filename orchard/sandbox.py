@@ -1,7 +1,8 @@
-"""The runtime interface: a runtime creates sandboxes (one per episode); a sandbox runs commands and holds files.
+"""The sandbox interface: a runtime creates sandboxes (one per episode); a sandbox runs commands and holds files.
 
-Two runtimes implement it: ``local`` (a process tree in its own working copy and namespaces, the default) and
-``kubernetes`` (one Pod per episode). The sandbox REST API and the episode service use only this interface.
+Two runtimes in ``orchard.env`` implement it: ``local`` (a process tree in its own working copy and namespaces, the
+default) and ``kubernetes`` (one Pod per episode). The sandbox REST API, the episode service and the harness adapters
+(``orchard.harnesses``) use only this interface; it sits below both, so the harnesses import nothing of ``orchard.env``.
 """
 
 from __future__ import annotations
