@@ -160,13 +160,16 @@ class TorchBackend:
         }
 
     def load_state_tensors(self, tensors: dict[str, Any]) -> None:
-        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there).
+        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there); without
+        ``optimizer`` only the weights (the optimizer and schedule stay as built).
 
         A checkpoint written with another peak learning rate (a recipe's next stage, e.g. RL after SFT, resuming the
         SFT trainer's checkpoint) keeps its optimizer moments and step but takes this trainer's ``lr``; the same
         ``lr`` restores the schedule exactly, so a crashed trainer resumes bit for bit.
         """
         self.module.load_state_dict(tensors["model"], strict=True)
+        if "optimizer" not in tensors:  # weights only: a stage that starts its optimizer and schedule fresh
+            return
         self.optimizer.load_state_dict(tensors["optimizer"])
         self.scheduler.load_state_dict(tensors["scheduler"])
         if any(base != self.peak_lr for base in self.scheduler.base_lrs):
