@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, open_bus
 from orchard.bus.dead_letter import DeadLetterRouter
@@ -63,7 +64,7 @@ from orchard.logging import get_logger
 from orchard.store import ArtifactStore, open_store
 from orchard.store.versions import manifest_key
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
-from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, resolve_device
+from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, load_policy_tokenizer, resolve_device
 from trainers.batching import PackedBatch, Sample, pack_step
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.config import PolicyTrainerConfig
@@ -156,6 +157,7 @@ class PolicyTrainer:
         self._last_step_end = time.perf_counter()
         self.backend: TrainingBackend
         self.reference: torch.nn.Module | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
 
     # ------------------------------------------------------------------------------------------------ the loop
 
@@ -358,6 +360,7 @@ class PolicyTrainer:
 
     def _build_model(self) -> None:
         model = load_policy_model(self.config.model)
+        self.tokenizer = load_policy_tokenizer(self.config.model)  # published with every version
         self.pad_token_id = int(model.config.pad_token_id or 0)
         context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         max_tokens = self.config.max_sample_tokens or context or None
@@ -527,6 +530,9 @@ class PolicyTrainer:
                                            version=version, step=self.step, codec=self.codec)  # fmt: skip
             else:
                 files = self.backend.export(work)
+                if self.tokenizer is not None:  # AutoTokenizer loads a published version as AutoModel does
+                    self.tokenizer.save_pretrained(work)
+                    files = {p.name: p for p in sorted(work.iterdir()) if p.is_file()}
                 publish_policy_version(
                     self.store, producer, run_id=self.run_id, model=self.config.model_name, version=version,
                     files=files, trainer_step=self.step, metrics=metrics, codec=self.codec,

@@ -449,3 +449,38 @@ def test_a_next_stage_keeps_or_starts_fresh_its_optimizer_and_a_restart_of_it_al
     assert saved is not None and saved.state.trainer == str(rl_dir.resolve())
     state = restarted.backend.optimizer.state_dict()["state"]  # type: ignore[attr-defined]
     assert state and torch.equal(state[0]["exp_avg"], saved.tensors["optimizer"]["state"][0]["exp_avg"])
+
+
+# ---------------------------------------------------------------------------------------------------- export-model
+def test_a_published_version_exports_with_its_tokenizer_and_loads_with_auto_classes(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    orchard = _orchard(tmp_path)
+    (tmp_path / "orchard.yaml").write_text(
+        f"run_id: r1\nbus: {{type: embedded, path: {tmp_path / 'bus'}}}\n"
+        f"store: {{type: local, path: {tmp_path / 'store'}}}\n"
+    )
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(4, run_id="r1", kinds=("SFT",), vocab_size=TINY_VOCAB))
+    trainer = PolicyTrainer(_trainer_config(tmp_path, model={"type": "tiny", "name": MODEL}), orchard)
+    summary = trainer.run()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+
+    def export(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(Path(sys.executable).with_name("orchard")), "export-model", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    done = export(str(tmp_path), "latest", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert f"v{summary.policy_version}" in done.stdout
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "hi" in prompt and tokenizer("hi").input_ids
+    trained = trainer.backend.state_tensors()["model"]
+    assert all(torch.equal(value, trained[key]) for key, value in model.state_dict().items() if key in trained)
+
+    again = export(str(tmp_path), "latest", str(tmp_path / "out"))
+    assert again.returncode == 1 and "not an empty directory" in again.stderr
+    missing = export(str(tmp_path), "99", str(tmp_path / "other"))
+    assert missing.returncode == 1 and "VERSION must be 'latest' or one of 1.." in " ".join(missing.stderr.split())
