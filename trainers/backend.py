@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 import transformers
 from packaging.version import Version
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from trainers.config import CheckpointModelSource, PolicyTrainerConfig, ScheduleConfig, TinyModelSource
@@ -55,6 +55,18 @@ def load_policy_model(source: TinyModelSource | CheckpointModelSource) -> PreTra
         model = AutoModelForCausalLM.from_pretrained(source.path, **{_DTYPE_KWARG: torch.float32})
     model.config.use_cache = False  # training never reuses a KV cache; a cache would also disable packed masks
     return model
+
+
+def load_policy_tokenizer(source: TinyModelSource | CheckpointModelSource) -> PreTrainedTokenizerBase | None:
+    """The tokenizer (with its chat template) that goes with the starting weights: the tiny family's own, or the
+    checkpoint's; None for a checkpoint directory without tokenizer files."""
+    if isinstance(source, TinyModelSource):
+        from orchard.engines.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    if not any((source.path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return AutoTokenizer.from_pretrained(source.path)
 
 
 def lr_factor(schedule: ScheduleConfig, max_steps: int | None) -> Callable[[int], float]:
@@ -160,13 +172,16 @@ class TorchBackend:
         }
 
     def load_state_tensors(self, tensors: dict[str, Any]) -> None:
-        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there).
+        """Load what ``state_tensors`` returned (strict: every tensor of the model must be there); without
+        ``optimizer`` only the weights (the optimizer and schedule stay as built).
 
         A checkpoint written with another peak learning rate (a recipe's next stage, e.g. RL after SFT, resuming the
         SFT trainer's checkpoint) keeps its optimizer moments and step but takes this trainer's ``lr``; the same
         ``lr`` restores the schedule exactly, so a crashed trainer resumes bit for bit.
         """
         self.module.load_state_dict(tensors["model"], strict=True)
+        if "optimizer" not in tensors:  # weights only: a stage that starts its optimizer and schedule fresh
+            return
         self.optimizer.load_state_dict(tensors["optimizer"])
         self.scheduler.load_state_dict(tensors["scheduler"])
         if any(base != self.peak_lr for base in self.scheduler.base_lrs):

@@ -62,6 +62,8 @@ class TrainerState:
     epoch_end: Offsets | None = None
     pass_position: int = 0
     """With a complete input: how many samples of the current pass, in its order, are trained."""
+    trainer: str | None = None
+    """Which trainer wrote it (its run directory): a restart of the same trainer, or a recipe's next stage."""
 
     def to_json(self) -> bytes:
         """Serialise (partition keys become strings, as JSON requires)."""

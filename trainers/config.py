@@ -117,6 +117,12 @@ class PolicyTrainerConfig(_Strict):
     loss: LossConfig = Field(default_factory=LossConfig)
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
 
+    stage_optimizer: Literal["keep", "fresh"] = Field(
+        "keep",
+        description="On restoring a checkpoint another trainer wrote (a recipe's earlier stage): keep its AdamW "
+        "moments and schedule position, or start both fresh (weights, step, version and offsets are restored either "
+        "way). A trainer restarted from its own checkpoint always restores them.",
+    )
     publish_every: int = Field(10, ge=1, description="Publish weights (and a PolicyVersion) every N optimizer steps.")
     checkpoint_every: int = Field(50, ge=1, description="Checkpoint to the store every N optimizer steps.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in the store (older ones are deleted).")

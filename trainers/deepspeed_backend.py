@@ -108,6 +108,8 @@ class DeepSpeedBackend:
     def load_state_tensors(self, tensors: dict[str, Any]) -> None:
         """Load weights, optimizer and schedule state (see the limits in the module docstring)."""
         self.engine.module.load_state_dict(tensors["model"], strict=True)
+        if "optimizer" not in tensors:  # weights only (a stage with a fresh optimizer)
+            return
         self.optimizer.load_state_dict(tensors["optimizer"])
         self.scheduler.load_state_dict(tensors["scheduler"])
 

@@ -4,7 +4,10 @@ The loop, top to bottom (``PolicyTrainer.run``):
 
 1. **restore**: load the newest checkpoint from the store (model, optimizer, scheduler, RNG, step, version) and seek
    the consumer to the offsets it was trained up to; without one, start from the seeded initial weights and the
-   group's committed offsets (or the beginning of the topic);
+   group's committed offsets (or the beginning of the topic). A checkpoint another trainer wrote (a recipe's earlier
+   stage) gives this one its weights, step, version and offsets; with ``stage_optimizer: fresh`` its AdamW moments and
+   schedule start anew (moments of converged SFT are tiny, so RL steps on them would be many times ``lr``). The KL
+   reference (``loss.kl_coef``) is the weights the stage started from, kept in the stage's own checkpoints;
 2. **poll** (at most ``poll_timeout_s``), decode each record into a ``Sample`` (``trainers.intake``: undecodable or
    inconsistent records are dead-lettered and skipped), and queue it in arrival order;
 3. **form a step**: take queued samples in order until the next one would overflow ``batch_tokens * grad_accum``;
@@ -51,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, open_bus
@@ -61,7 +65,7 @@ from orchard.logging import get_logger
 from orchard.store import ArtifactStore, open_store
 from orchard.store.versions import manifest_key
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
-from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, resolve_device
+from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, load_policy_tokenizer, resolve_device
 from trainers.batching import PackedBatch, Sample, pack_step
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.config import PolicyTrainerConfig
@@ -123,6 +127,7 @@ class PolicyTrainer:
         self.config = config
         self.orchard = orchard
         self.run_id = config.run_id or orchard.run_id
+        self.trainer_id = str(config.run_dir.resolve())  # a restart of this trainer has the same; the next stage not
         self.codec = codec or Codec.default()
         self._owns = (bus is None, store is None)
         self.bus = bus or open_bus(orchard.bus)
@@ -153,6 +158,7 @@ class PolicyTrainer:
         self._last_step_end = time.perf_counter()
         self.backend: TrainingBackend
         self.reference: torch.nn.Module | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
 
     # ------------------------------------------------------------------------------------------------ the loop
 
@@ -355,6 +361,7 @@ class PolicyTrainer:
 
     def _build_model(self) -> None:
         model = load_policy_model(self.config.model)
+        self.tokenizer = load_policy_tokenizer(self.config.model)  # published with every version
         self.pad_token_id = int(model.config.pad_token_id or 0)
         context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         max_tokens = self.config.max_sample_tokens or context or None
@@ -381,9 +388,12 @@ class PolicyTrainer:
         if checkpoint is None:
             log.info("no checkpoint, starting from the initial weights", run_id=self.run_id, seed=self.config.seed)
             return
-        self.backend.load_state_tensors(checkpoint.tensors)
-        restore_rng(checkpoint.tensors, checkpoint.state.python_rng, checkpoint.state.numpy_rng)
         state = checkpoint.state
+        fresh = self.config.stage_optimizer == "fresh" and state.trainer != self.trainer_id
+        self.backend.load_state_tensors({"model": checkpoint.tensors["model"]} if fresh else checkpoint.tensors)
+        if self.reference is not None:  # KL is to the weights this stage started from, not to the seed's weights
+            self.reference.load_state_dict(checkpoint.tensors.get("reference", checkpoint.tensors["model"]))
+        restore_rng(checkpoint.tensors, state.python_rng, state.numpy_rng)
         self.step, self.policy_version, self.consumed = state.step, state.policy_version, state.offsets
         if self._multi_pass():  # a checkpoint between stages (or older than epochs) starts a stage here
             self.epoch = state.epoch
@@ -402,7 +412,8 @@ class PolicyTrainer:
         for topic, partitions in state.offsets.items():
             for partition, offset in partitions.items():
                 consumer.seek(TopicPartition(topic, partition), offset)
-        log.info("resumed", step=self.step, policy_version=self.policy_version, offsets=self.consumed, epoch=self.epoch)
+        log.info("resumed", step=self.step, policy_version=self.policy_version, offsets=self.consumed, epoch=self.epoch,
+                 optimizer="fresh" if fresh else "restored", written_by=state.trainer)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------ input
 
@@ -520,6 +531,9 @@ class PolicyTrainer:
                                            version=version, step=self.step, codec=self.codec)  # fmt: skip
             else:
                 files = self.backend.export(work)
+                if self.tokenizer is not None:  # AutoTokenizer loads a published version as AutoModel does
+                    self.tokenizer.save_pretrained(work)
+                    files = {p.name: p for p in sorted(work.iterdir()) if p.is_file()}
                 publish_policy_version(
                     self.store, producer, run_id=self.run_id, model=self.config.model_name, version=version,
                     files=files, trainer_step=self.step, metrics=metrics, codec=self.codec,
@@ -545,11 +559,15 @@ class PolicyTrainer:
         rng_tensors, python_rng, numpy_rng = capture_rng()
         counters = {"samples": float(self.summary.samples), "tokens": float(self.summary.tokens)}
         state = TrainerState(self.step, self.policy_version, _copy(self.consumed), counters, python_rng, numpy_rng)
+        state.trainer = self.trainer_id
         if self._multi_pass() and not self._stage_done:
             state.epoch, state.epoch_start = self.epoch, _copy(self.epoch_start)
             state.epoch_end = _copy(self.epoch_end) if self.epoch_end is not None else None
             state.pass_position = self.pass_position
-        if self.checkpoints.save({**self.backend.state_tensors(), **rng_tensors}, state):
+        tensors = {**self.backend.state_tensors(), **rng_tensors}
+        if self.reference is not None:  # a trainer restarted mid-stage keeps its stage's reference
+            tensors["reference"] = self.reference.state_dict()
+        if self.checkpoints.save(tensors, state):
             self.metrics.count("checkpoints")
         self._last_checkpoint_step = self.step
         self.summary.offsets = _copy(self.consumed)

@@ -50,7 +50,12 @@ class ValueModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("tiny-llama", min_length=1, description="A tiny-family name or a checkpoint directory.")
+    model: str = Field(
+        "tiny-llama",
+        min_length=1,
+        description="A tiny-family name, a checkpoint directory, or policy:NAME (the value trainer's run's newest "
+        "published version of policy NAME).",
+    )
     seed: int = Field(0, description="Seed of a tiny backbone's weights and of the head.")
     max_length: int = Field(1024, ge=8, description="Tokens kept from the end of the trajectory.")
     pooling: Pooling = Field("last", description="'last': the last real token's state; 'mean': all tokens'.")

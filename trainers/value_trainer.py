@@ -39,7 +39,7 @@ from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME, TRAJEC
 from orchard.trajectory import Trajectory
 from orchard.trajectory_records import trajectory_from_record
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
-from trainers.exceptions import CheckpointError
+from trainers.exceptions import CheckpointError, TrainerError
 from trainers.value import ValueExample, ValueModel, ValueModelConfig, bce_step, trajectory_label, trajectory_tokens
 from trainers.weights import publish_policy_version
 
@@ -193,6 +193,33 @@ class ValueTrainer:
         return self.offsets
 
 
+POLICY_BACKBONE = "policy:"
+"""``value_model.model: policy:NAME``: the backbone is the run's newest published version of policy ``NAME``."""
+
+
+def initial_value_model(config: ValueTrainerConfig, store: ArtifactStore, scratch_dir: Path) -> ValueModel:
+    """The value model a trainer starts from: ``value_model.model`` as given, or, for ``policy:NAME``, the newest
+    version of the run's policy ``NAME`` in the store as the backbone (its LM head dropped, a fresh value head): a
+    value model that starts from what the policy learned about the task reads trajectories far sooner than one from
+    random weights. A restarted trainer then loads its own checkpoint over it."""
+    source = config.value_model.model
+    if not source.startswith(POLICY_BACKBONE):
+        return ValueModel.build(config.value_model)
+    name = source.removeprefix(POLICY_BACKBONE)
+    artifact = policy_artifact_name(config.run_id, name)
+    version = store.latest_version(artifact)
+    if version is None:
+        raise TrainerError(
+            f"value model {source!r}: run {config.run_id!r} has published no version of policy {name!r} "
+            f"({artifact} is empty in the store); train the policy first or give a tiny-family name or a directory"
+        )
+    backbone = scratch_dir / f"backbone-{name}-v{version}"
+    shutil.rmtree(backbone, ignore_errors=True)
+    store.download_version(artifact, version, backbone, verify=True)
+    log.info("value model backbone from the policy", policy=name, version=version)
+    return ValueModel.build(config.value_model.model_copy(update={"model": str(backbone)}))
+
+
 def run_value_trainer(
     bus: Bus,
     store: ArtifactStore,
@@ -204,7 +231,7 @@ def run_value_trainer(
     trainer: ValueTrainer | None = None,
 ) -> ValueTrainer:
     """Run the loop (module docstring) until ``max_steps``, ``stop`` is set, or ``max_idle_polls`` empty polls."""
-    trainer = trainer or ValueTrainer(config)
+    trainer = trainer or ValueTrainer(config, initial_value_model(config, store, scratch_dir))
     checkpoints = CheckpointStore(
         store, config.run_id, config.name, scratch_dir / "checkpoints", config.keep_checkpoints
     )

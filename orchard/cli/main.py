@@ -8,7 +8,20 @@ from pathlib import Path
 import typer
 
 from orchard import __version__
-from orchard.cli import consumer, datasets, demo, replay, rollout, schemas, serve, tail, topics, train, train_value
+from orchard.cli import (
+    consumer,
+    datasets,
+    demo,
+    export_model,
+    replay,
+    rollout,
+    schemas,
+    serve,
+    tail,
+    topics,
+    train,
+    train_value,
+)
 from orchard.cli import run as run_command  # `run` is also this module's entry-point function
 from orchard.cli.common import CliState, err_console
 from orchard.exceptions import OrchardError
@@ -31,6 +44,7 @@ app.add_typer(train.app, name="train")
 app.command("eval")(train_value.eval_rerank)
 app.command("import")(datasets.import_)
 app.command("export")(datasets.export)
+app.command("export-model")(export_model.export_model)
 app.command("run")(run_command.run)
 app.add_typer(rollout.app, name="rollout")
 

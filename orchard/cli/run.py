@@ -18,6 +18,7 @@ from orchard.config import OrchardConfig
 from orchard.logging import configure_logging
 from orchard.run.config import RunConfig, load_run_config
 from orchard.run.exceptions import RunError
+from orchard.run.preflight import check_components
 from orchard.run.rundir import RunDir, default_run_dir, public_dump, resolve_orchard_config, secret_environment
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def run(
     orchard_config = resolve_orchard_config(config, directory.root, settings)
     _check_same_backends(directory, orchard_config, resumed=resume is not None)
     _write_run_files(directory, config, orchard_config, recipe_given=recipe is not None)
+    check_components(config, directory.root, directory.orchard_config)
     configure_logging(orchard_config.log_format, orchard_config.log_level)
     if config.create_topics:
         _create_standard_topics(orchard_config)
@@ -77,6 +79,7 @@ def run(
     code = exit_code(outcome, stop.signum, watch.failing)
     reason = f"signal {signal.Signals(stop.signum).name}" if outcome == "stopped" and stop.signum else supervisor.reason
     _report(outcome, reason, watch.failing, code, time.monotonic() - started)
+    _last_lines(directory, supervisor.failed_components())
     _where_to_look(directory, orchard_config, completed=outcome == "completed")
     if code:
         raise typer.Exit(code)
@@ -142,6 +145,18 @@ def _where_to_look(directory: RunDir, orchard_config: OrchardConfig, *, complete
 
     for line in summary_lines(directory, published_weights(orchard_config), completed=completed):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _last_lines(directory: RunDir, names: list[str], count: int = 8) -> None:
+    """The end of each failed component's log, so the reason is on the screen and not only in logs/NAME.log."""
+    from orchard.run.summary import log_tail
+
+    for name in names:
+        lines = log_tail(directory.log(name), count)
+        if lines:
+            console.print(f"last lines of {directory.log(name)}:", highlight=False, soft_wrap=True, markup=False)
+            for line in lines:
+                console.print(f"  {line}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _report(outcome: str, reason: str, failing: list[str], code: int, seconds: float) -> None:

@@ -38,7 +38,11 @@ if TYPE_CHECKING:
 
 def value(
     ctx: typer.Context,
-    model: str = typer.Option("tiny-llama", help="Backbone: a tiny-family name or a checkpoint directory."),
+    model: str = typer.Option(
+        "tiny-llama",
+        help="Backbone: a tiny-family name, a checkpoint directory, or policy:NAME (this run's newest published "
+        "version of policy NAME).",
+    ),
     name: str = typer.Option("value", help="Model name of the published versions (PolicyVersion.model)."),
     topic: str = typer.Option(TRAJECTORIES, help="Topic of Trajectory records."),
     group: str = typer.Option("value-trainer", help="Consumer group."),
@@ -110,6 +114,7 @@ class HeldoutOptions:
     ci: str
     attempts: int | None = None
     by: tuple[str, ...] = ()
+    greedy_first: bool = False
 
     def missing(self) -> list[str]:
         """The required options not given."""
@@ -127,6 +132,12 @@ def eval_rerank(
         min=1,
         help="Candidates per task to choose from (K; default 4 with --source/--topic). With --tasks: K episodes per "
         "held-out task, the value model picks one.",
+    ),
+    greedy_first: bool = typer.Option(
+        False,
+        "--greedy-first",
+        help="With --tasks and K > 1: each task's first episode decodes greedily (temperature 0), the others at "
+        "--temperature, so the candidates include the greedy answer.",
     ),
     attempts: int | None = typer.Option(
         None,
@@ -179,14 +190,15 @@ def eval_rerank(
             "--attempts and --rerank are mutually exclusive: --attempts K counts a task solved when any of its K "
             "episodes succeeds (pass@K); --rerank K lets the value model pick one of K"
         )
-    if tasks is None and (attempts is not None or by):
-        raise OrchardError("--attempts and --by belong to a held-out evaluation: give --tasks")
+    if tasks is None and (attempts is not None or by or greedy_first):
+        raise OrchardError("--attempts, --by and --greedy-first belong to a held-out evaluation: give --tasks")
     if plot:
         _plot(ctx, run_dir, window)
     elif tasks is not None:
         options = HeldoutOptions(
-            tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts, tuple(by or ())
-        )
+            tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts,
+            tuple(by or ()), greedy_first,
+        )  # fmt: skip
         _heldout(ctx, options, rerank, value_model, name)
     else:
         _rerank_candidates(ctx, rerank or DEFAULT_RERANK_K, source, topic, value_model, name, output)
@@ -236,7 +248,7 @@ def _heldout(
         heldout = HeldoutConfig(
             run_id=config.run_id, stage=options.stage, harness=options.harness, model=options.model,
             samples_per_task=samples, selection=selection, by=breakdown_labels(options.by, labels.values()),
-            timeout_s=options.timeout_s, ci_method=options.ci,
+            timeout_s=options.timeout_s, ci_method=options.ci, greedy_first=options.greedy_first,
             options={"harness": {"temperature": options.temperature}} if options.temperature is not None else {},
         )  # type: ignore[arg-type]  # fmt: skip
     except ValueError as exc:

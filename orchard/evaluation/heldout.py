@@ -70,6 +70,11 @@ class HeldoutConfig(BaseModel):
     timeout_s: float = Field(1800.0, gt=0, description="Longest wait for all outcomes after the last submission.")
     episode_timeout_s: float | None = Field(None, gt=0, description="Override of Env's episode timeout.")
     options: dict[str, Any] = Field(default_factory=dict, description="Harness- or task-specific settings.")
+    greedy_first: bool = Field(
+        False,
+        description="With K > 1: a task's first episode decodes greedily (harness temperature 0), the others as "
+        "options say, so a reranker's candidates include what greedy decoding would give.",
+    )
     topic: str = Field(OUTCOMES, min_length=1, description="Topic of EpisodeOutcome records.")
     ci_method: CiMethod = Field("normal", description="Interval of the mean reward: 'normal' or 'bootstrap'.")
     count_tokens: bool = Field(True, description="Read the episodes' model calls to count their tokens.")
@@ -234,11 +239,16 @@ def plan_episodes(config: HeldoutConfig, task_ids: Sequence[str]) -> list[Episod
             harness=config.harness,
             model=config.model,
             timeout_s=config.episode_timeout_s,
-            options=config.options,
+            options=_greedy(config.options) if config.greedy_first and index == 0 else config.options,
         )
         for task_id in task_ids
         for index in range(config.samples_per_task)
     ]
+
+
+def _greedy(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the harness's temperature set to 0."""
+    return {**options, "harness": {**dict(options.get("harness") or {}), "temperature": 0.0}}
 
 
 def evaluate_heldout(

@@ -4,6 +4,7 @@ logs are, and how to resume a run that did not complete."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from orchard.bus import open_bus
 from orchard.codec import Codec
@@ -55,3 +56,17 @@ def summary_lines(run_dir: RunDir, weights: Mapping[str, PublishedWeights], *, c
     if not completed:
         lines.append(f"resume:  orchard run --resume {root}")
     return lines
+
+
+def log_tail(path: Path, count: int = 8, width: int = 300) -> list[str]:
+    """The last ``count`` non-blank lines of a component's log (each cut at ``width`` characters); [] if none."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))  # the end is enough; a log can be large
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    return [line if len(line) <= width else line[: width - 3] + "..." for line in lines[-count:]]

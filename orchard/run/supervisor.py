@@ -33,6 +33,7 @@ from orchard.logging import get_logger
 from orchard.run.commands import component_command
 from orchard.run.config import HttpHealth, RunConfig, StageConfig
 from orchard.run.exceptions import RunError
+from orchard.run.preflight import USAGE_EXIT, port_taken
 from orchard.run.rundir import RunDir
 from orchard.run.stages import BusProbe, StageRunner
 
@@ -59,6 +60,7 @@ class ComponentState:
     next_start: float = 0.0  # monotonic; when a component in backoff starts again
     deadline: float = 0.0  # monotonic; when a starting component counts as failed
     checked_at: float = 0.0
+    failure: str | None = None  # why it failed for good, when the exit code alone does not say
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def uptime_s(self) -> float | None:
@@ -133,6 +135,10 @@ class Supervisor:
             self._http.close()
             self.stages.close()
         return self.outcome
+
+    def failed_components(self) -> list[str]:
+        """The components that failed for good, in start order."""
+        return [name for name, state in self.components.items() if state.status == "failed"]
 
     def request_stop(self, signum: int | None = None, _frame: object = None) -> None:
         """Signal handler: the first call stops gracefully, the second skips the grace periods."""
@@ -227,6 +233,12 @@ class Supervisor:
 
     def _spawn(self, state: ComponentState) -> None:
         spec = self.config.components[state.name]
+        port = spec.listen_port()
+        if port is not None and port_taken(getattr(spec, "host", "127.0.0.1"), port):
+            state.failure = f"port {port} is already in use by a process this run did not start"
+            log.error("component not started: its port is taken", component=state.name, port=port)
+            self._set(state, "failed")
+            return
         logfile = self.run_dir.log(state.name).open("ab")
         header = {"event": "orchard run: starting component", "component": state.name, "command": state.command,
                   "attempt": state.restarts + 1, "run_start": self.starts, "time": time.time()}  # fmt: skip
@@ -281,6 +293,10 @@ class Supervisor:
             _kill_group(process.pid, signal.SIGKILL)  # whatever it left behind in its group goes with it
         state.exit_code = code
         log.warning("component exited", component=state.name, pid=state.pid, exit_code=code)
+        if code == USAGE_EXIT:  # a bad option or argument: the same command would fail the same way again
+            state.failure = f"usage error (exit code {USAGE_EXIT}), not restarted"
+            self._set(state, "failed")
+            return
         self._after_exit(state, failed=code != 0)
 
     def _after_exit(self, state: ComponentState, *, failed: bool) -> None:
@@ -299,7 +315,8 @@ class Supervisor:
             self._set(state, "backoff")
 
     def _check_done(self) -> None:
-        failed = [s.name for s in self.components.values() if s.status == "failed"]
+        failed = [f"{s.name} ({s.failure})" if s.failure else s.name
+                  for s in self.components.values() if s.status == "failed"]  # fmt: skip
         if failed:
             self._finish("failed", f"component(s) failed: {', '.join(failed)}")
             return

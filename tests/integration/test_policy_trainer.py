@@ -387,3 +387,100 @@ def test_a_trainer_stopped_in_a_replayed_epoch_resumes_that_epoch_and_ends_with_
         ends[name] = end.tensors["model"]
     for key, tensor in ends["uninterrupted"].items():
         assert torch.equal(ends["crashed"][key], tensor), key
+
+
+# ---------------------------------------------------------------------------------------------------- KL reference
+def test_the_kl_reference_of_a_resumed_stage_is_the_weights_it_started_from_even_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    orchard = _orchard(tmp_path)
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(8, run_id="r1", kinds=("SFT",), vocab_size=TINY_VOCAB))
+    sft = PolicyTrainer(_trainer_config(tmp_path, max_steps=4, publish_on_exit=True), orchard)
+    sft.run()
+    sft_weights = CheckpointStore(open_store(orchard.store), "r1", "policy", tmp_path / "s").load_latest()
+    assert sft_weights is not None
+    started_from = {k: v.clone() for k, v in sft_weights.tensors["model"].items()}
+    with open_bus(orchard.bus) as bus:  # the RL stage's samples, after the SFT ones
+        records = synthetic_stream(8, run_id="r1", kinds=("RL",), vocab_size=TINY_VOCAB, seed=3)
+        produce_samples(bus, "samples", records)
+    rl_config = _trainer_config(tmp_path, max_steps=6, loss={"kind": "rl", "kl_coef": 0.1})
+    rl = PolicyTrainer(rl_config, orchard)
+    rl.run()  # restores the SFT checkpoint, trains, checkpoints with its reference
+    assert rl.reference is not None
+    assert all(torch.equal(rl.reference.state_dict()[k], v) for k, v in started_from.items())  # not the seed's weights
+    again = PolicyTrainer(_trainer_config(tmp_path, max_steps=7, loss={"kind": "rl", "kl_coef": 0.1}), orchard)
+    again.run()  # restarted from the RL stage's own checkpoint: the reference is still where the stage began
+    assert again.reference is not None
+    latest = CheckpointStore(open_store(orchard.store), "r1", "policy", tmp_path / "s").load_latest()
+    assert latest is not None
+    assert not torch.equal(latest.tensors["model"]["lm_head.weight"], started_from["lm_head.weight"])
+    assert all(torch.equal(again.reference.state_dict()[k], v) for k, v in started_from.items())
+
+
+@pytest.mark.parametrize("stage_optimizer", ["keep", "fresh"])
+def test_a_next_stage_keeps_or_starts_fresh_its_optimizer_and_a_restart_of_it_always_restores_it(
+    tmp_path: Path, stage_optimizer: str
+) -> None:
+    orchard = _orchard(tmp_path)
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(8, run_id="r1", kinds=("SFT",), vocab_size=TINY_VOCAB))
+    PolicyTrainer(_trainer_config(tmp_path, max_steps=4), orchard).run()
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(8, run_id="r1", vocab_size=TINY_VOCAB, seed=3))
+    rl_dir = tmp_path / "rl"
+
+    def rl_trainer(max_steps: int) -> PolicyTrainer:
+        config = _trainer_config(tmp_path, max_steps=max_steps, run_dir=rl_dir, stage_optimizer=stage_optimizer)
+        trainer = PolicyTrainer(config, orchard)
+        trainer._prepare_torch()  # noqa: SLF001 - restore without training: what the stage starts from
+        trainer._build_model()  # noqa: SLF001
+        with open_bus(orchard.bus) as bus, bus.consumer(["samples"], group="probe") as consumer:
+            trainer._restore(consumer)  # noqa: SLF001
+        return trainer
+
+    start = rl_trainer(6)
+    moments = start.backend.optimizer.state_dict()["state"]  # type: ignore[attr-defined]
+    assert start.step > 0 and bool(moments) == (stage_optimizer == "keep")
+    rl = PolicyTrainer(_trainer_config(tmp_path, max_steps=6, run_dir=rl_dir, stage_optimizer=stage_optimizer), orchard)
+    rl.run()
+    restarted = rl_trainer(7)  # its own checkpoint: moments restored whatever the setting
+    saved = CheckpointStore(open_store(orchard.store), "r1", "policy", tmp_path / "s").load_latest()
+    assert saved is not None and saved.state.trainer == str(rl_dir.resolve())
+    state = restarted.backend.optimizer.state_dict()["state"]  # type: ignore[attr-defined]
+    assert state and torch.equal(state[0]["exp_avg"], saved.tensors["optimizer"]["state"][0]["exp_avg"])
+
+
+# ---------------------------------------------------------------------------------------------------- export-model
+def test_a_published_version_exports_with_its_tokenizer_and_loads_with_auto_classes(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    orchard = _orchard(tmp_path)
+    (tmp_path / "orchard.yaml").write_text(
+        f"run_id: r1\nbus: {{type: embedded, path: {tmp_path / 'bus'}}}\n"
+        f"store: {{type: local, path: {tmp_path / 'store'}}}\n"
+    )
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", synthetic_stream(4, run_id="r1", kinds=("SFT",), vocab_size=TINY_VOCAB))
+    trainer = PolicyTrainer(_trainer_config(tmp_path, model={"type": "tiny", "name": MODEL}), orchard)
+    summary = trainer.run()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+
+    def export(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(Path(sys.executable).with_name("orchard")), "export-model", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    done = export(str(tmp_path), "latest", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert f"v{summary.policy_version}" in done.stdout
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "hi" in prompt and tokenizer("hi").input_ids
+    trained = trainer.backend.state_tensors()["model"]
+    assert all(torch.equal(value, trained[key]) for key, value in model.state_dict().items() if key in trained)
+
+    again = export(str(tmp_path), "latest", str(tmp_path / "out"))
+    assert again.returncode == 1 and "not an empty directory" in again.stderr
+    missing = export(str(tmp_path), "99", str(tmp_path / "other"))
+    assert missing.returncode == 1 and "VERSION must be 'latest' or one of 1.." in " ".join(missing.stderr.split())

@@ -128,3 +128,63 @@ def test_run_supervises_restarts_stops_and_resumes(tmp_path: Path) -> None:
         assert standard <= topics <= standard | {"assembler.changelog"}
     finally:
         bus.close()
+
+
+def run_to_end(recipe: Path, run_dir: Path, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")} | {"PYTHONPATH": str(REPO)}
+    return subprocess.run([str(ORCHARD), "run", str(recipe), "--run-dir", str(run_dir), "--plain"], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+
+
+def test_a_typo_in_a_later_components_settings_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "components:\n"
+        "  first: {kind: command, run: [python, -c, 'open(\"started\", \"w\")']}\n"
+        "  trainer: {kind: policy-trainer, set: [learning_rate=1e-3, 'run_dir={run_dir}/t']}\n"
+        "  builder: {kind: consumer, name: sample-builder,\n"
+        "            env: {ORCHARD_CONSUMERS__SAMPLE_BUILDER__KINDS: '[\"PPO\"]'}}\n"
+        "stages: [{name: one, components: [first]}, {name: two, components: [trainer, builder]}]\n"
+    )
+    result = run_to_end(recipe, tmp_path / "run", timeout_s=60)
+
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said
+    assert "component 'trainer': set:" in said and "learning_rate: Extra inputs are not permitted" in said
+    assert "component 'builder': env:" in said and "consumers.sample_builder.kinds" in said
+    assert not (tmp_path / "started").exists() and not (tmp_path / "run" / "state.json").exists()
+
+
+def test_a_port_taken_by_a_stranger_fails_the_component_instead_of_adopting_the_stranger(tmp_path: Path) -> None:
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    port = stranger.getsockname()[1]
+    (tmp_path / "plan.yaml").write_text("steps:\n  - text: hello\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"components:\n  engine: {{kind: scripted-engine, plan: plan.yaml, port: {port}}}\n")
+    try:
+        result = run_to_end(recipe, tmp_path / "run")
+    finally:
+        stranger.close()
+
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said
+    assert f"engine (port {port} is already in use by a process this run did not start)" in said
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["components"]["engine"]["pid"] is None
+
+
+def test_a_usage_error_is_not_retried_and_its_last_lines_are_on_the_screen(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    script = "import sys; print('error: no such option: --frobnicate', file=sys.stderr); sys.exit(2)"
+    recipe.write_text(
+        f"components:\n  step: {{kind: command, run: [python, -c, {json.dumps(script)}]}}\n"
+        "restart: {policy: on-failure, max_restarts: 3, backoff_s: 0.2}\n"
+    )
+    result = run_to_end(recipe, tmp_path / "run")
+
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 1, said
+    assert "step (usage error (exit code 2), not restarted)" in said
+    assert "last lines of" in said and "error: no such option: --frobnicate" in said
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["components"]["step"]["restarts"] == 0

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import typer
 import yaml
 from typer.testing import CliRunner, Result
@@ -294,3 +295,39 @@ def test_value_trainer_leaving_on_idle_publishes_and_checkpoints_its_last_steps(
     assert (trainer.step, trainer.version) == (3, 2)  # published at step 2 (cadence), then at 3 on leaving
     assert [r["trainer_step"] for r in policy_versions(bus, run_id)] == [2, 3]
     assert CheckpointStore(store, run_id, "value", tmp_path / "scratch").latest_step() == 3
+
+
+def test_a_value_model_from_the_policy_starts_from_its_newest_published_weights(
+    bus: Bus, tmp_path: Path, unique_name: Callable[[str], str]
+) -> None:
+    from safetensors.torch import load_file
+
+    from orchard.engines.tiny import build_tiny_checkpoint
+    from trainers.exceptions import TrainerError
+    from trainers.value_trainer import initial_value_model
+    from trainers.weights import policy_artifact_name, publish_policy_version
+
+    run_id = unique_name("run")
+    store = local_store(tmp_path)
+    config = trainer_config(run_id, "unused", max_steps=1)
+    config = config.model_copy(update={"value_model": ValueModelConfig(model="policy:tiny-llama", max_length=64)})
+    with pytest.raises(TrainerError, match="has published no version of policy 'tiny-llama'"):
+        initial_value_model(config, store, tmp_path / "work")
+    bus.create_topic(POLICY_VERSIONS, partitions=1, exist_ok=True)
+    with bus.producer() as producer:
+        for version, seed in ((1, 1), (2, 2)):  # the newest (seed 2) is the backbone
+            checkpoint = build_tiny_checkpoint("tiny-llama-micro", tmp_path / f"policy-v{version}", seed=seed)
+            files = {p.name: p for p in checkpoint.iterdir() if p.is_file()}
+            publish_policy_version(store, producer, run_id=run_id, model="tiny-llama", version=version, files=files,
+                                   trainer_step=version)  # fmt: skip
+        producer.flush()
+    assert store.latest_version(policy_artifact_name(run_id, "tiny-llama")) == 2
+
+    model = initial_value_model(config, store, tmp_path / "work")
+
+    policy = load_file(tmp_path / "policy-v2" / "model.safetensors")
+    backbone = model.backbone.state_dict()
+    shared = [k for k in policy if k.removeprefix("model.") in backbone]
+    assert len(shared) > 5 and all(torch.equal(policy[k], backbone[k.removeprefix("model.")]) for k in shared)
+    fresh = ValueModel.build(ValueModelConfig(model="tiny-llama-micro", max_length=64))
+    assert not torch.equal(fresh.backbone.embed_tokens.weight, model.backbone.embed_tokens.weight)

@@ -178,3 +178,10 @@ def test_engine_serve_refuses_a_bad_device_naming_the_field(tmp_path: Path) -> N
     done = orchard("engine", "serve", "--device", "gpu0", "--port", "1", cwd=tmp_path)
     assert done.returncode == 1
     assert "device: String should match pattern" in done.stderr
+
+
+def test_eval_options_of_a_held_out_evaluation_without_tasks_are_refused_by_name(tmp_path: Path) -> None:
+    result = orchard("eval", "--greedy-first", "--rerank", "4", cwd=tmp_path)
+    assert result.returncode != 0
+    said = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
+    assert "--greedy-first belong to a held-out evaluation: give --tasks" in said

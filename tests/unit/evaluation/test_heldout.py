@@ -64,6 +64,18 @@ def test_plan_gives_each_task_k_deterministic_episodes_in_an_eval_group() -> Non
     assert eval_group_id("rl", "x") == "eval-rl-x"
 
 
+def test_greedy_first_makes_each_tasks_first_candidate_greedy_and_leaves_the_others_sampled() -> None:
+    options = {"harness": {"temperature": 1.0, "max_tokens": 64}, "task": {"x": 1}}
+    requests = plan_episodes(config(samples_per_task=3, options=options, greedy_first=True), ["a", "b"])
+
+    temperatures = [(r.task_id, r.options["harness"]["temperature"]) for r in requests]
+    assert temperatures == [("a", 0.0), ("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 1.0), ("b", 1.0)]
+    assert all(r.options["harness"]["max_tokens"] == 64 and r.options["task"] == {"x": 1} for r in requests)
+    assert options["harness"]["temperature"] == 1.0  # the config's own options are not changed
+    plain = plan_episodes(config(samples_per_task=2, options=options), ["a"])
+    assert [r.options["harness"]["temperature"] for r in plain] == [1.0, 1.0]
+
+
 def test_empty_or_repeated_task_lists_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one task"):
         plan_episodes(config(), [])
