@@ -64,6 +64,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(H
 from copy_task import PROMPT_TOKENS, Prompt, copy_reward, greedy_success, split, training_prompts, warm_start  # noqa: E402
 
 from consumers.advantages import group_advantages  # noqa: E402
+from orchard.artifacts import policy_artifact_name  # noqa: E402
 from orchard.bus import Producer, open_bus  # noqa: E402
 from orchard.clock import now_ms  # noqa: E402
 from orchard.codec import Codec  # noqa: E402
@@ -79,7 +80,6 @@ from orchard.tokens import pack_array  # noqa: E402
 from orchard.topics import SAMPLES, TOPICS_BY_NAME  # noqa: E402
 from trainers.config import CheckpointModelSource, PolicyTrainerConfig  # noqa: E402
 from trainers.policy import PolicyTrainer, RunSummary  # noqa: E402
-from trainers.weights import policy_artifact_name  # noqa: E402
 
 log = get_logger("benchmarks.rl_vs_trl")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import typer
 
+from orchard.artifacts import policy_artifact_name
 from orchard.cli.common import console, state
 from orchard.exceptions import OrchardError
 from orchard.store import open_store
-from trainers.weights import policy_artifact_name
 
 
 def export_model(

@@ -2,8 +2,8 @@
 
 - **Settings**: every policy trainer's ``config:`` file and ``set:`` overrides go through the trainer's own config
   model (``trainers.config.load_trainer_config``), and every component's ``ORCHARD_*`` environment through Orchard's
-  (``orchard.config.load_config``), exactly as the component would read them when it starts; each problem names the
-  component and the field.
+  (``orchard.run.settings.load_full_config``), exactly as the component would read them when it starts; each problem
+  names the component and the field.
 - **Ports**: a server component's port must be free when it starts. Something already answering there (a stranger's
   server, another run) would otherwise pass the health check and be taken for the component (``port_taken``).
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from orchard.exceptions import ConfigError
 from orchard.run.config import RUN_DIR, ComponentSpec, PolicyTrainerComponent, RunConfig
+from orchard.run.settings import load_full_config
 
 USAGE_EXIT = 2
 """The exit status of a usage error (click/typer and argparse): a bad option, not a crash; restarting cannot help."""
@@ -48,9 +49,7 @@ def _problems(spec: ComponentSpec, root: str, config_file: Path) -> list[str]:
     if environment:
         try:
             with _environment(environment):
-                from orchard.config import load_config
-
-                load_config(config_file)
+                load_full_config(config_file)
         except (ConfigError, ValueError) as exc:
             problems.append(f"env: {_one_line(exc)}")
     if isinstance(spec, PolicyTrainerComponent):

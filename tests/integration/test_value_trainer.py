@@ -302,10 +302,11 @@ def test_a_value_model_from_the_policy_starts_from_its_newest_published_weights(
 ) -> None:
     from safetensors.torch import load_file
 
+    from orchard.artifacts import policy_artifact_name
     from orchard.engines.tiny import build_tiny_checkpoint
     from trainers.exceptions import TrainerError
     from trainers.value_trainer import initial_value_model
-    from trainers.weights import policy_artifact_name, publish_policy_version
+    from trainers.weights import publish_policy_version
 
     run_id = unique_name("run")
     store = local_store(tmp_path)
