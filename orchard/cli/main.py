@@ -21,6 +21,7 @@ from orchard.cli import (
     topics,
     train,
     train_value,
+    view,
 )
 from orchard.cli import run as run_command  # `run` is also this module's entry-point function
 from orchard.cli.common import CliState, err_console
@@ -47,6 +48,7 @@ app.command("export")(datasets.export)
 app.command("export-model")(export_model.export_model)
 app.command("run")(run_command.run)
 app.add_typer(rollout.app, name="rollout")
+app.command("view")(view.view)
 
 
 @app.callback()

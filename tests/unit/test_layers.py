@@ -2,7 +2,8 @@
 sideways, never up.
 
 From the bottom: the core (``orchard/`` but its entry points); ``producers/``, ``consumers/``, ``trainers/`` and
-``recipes/``, each on the core alone; the entry points (``orchard.cli``, ``orchard.run``), which may import anything.
+``recipes/``, each on the core alone; the entry points (``orchard.cli``, ``orchard.run``, ``orchard.viewer``), which may
+import anything.
 Inside the core, the harness adapters sit below Orchard Env: ``orchard.env`` runs them, they import nothing of it.
 Every import counts, at module level or inside a function or ``if TYPE_CHECKING:``; relative imports are resolved.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 WALKED = ("orchard", "producers", "consumers", "trainers")
-ENTRY_POINTS = ("orchard.cli", "orchard.run")
+ENTRY_POINTS = ("orchard.cli", "orchard.run", "orchard.viewer")
 LAYERS = ("core", "producers", "consumers", "trainers", "recipes", "entry points")
 MAY_IMPORT = {
     "core": {"core"},
