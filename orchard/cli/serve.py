@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-import yaml
 from pydantic import ValidationError
 
 from orchard.cli.common import state
@@ -195,32 +194,24 @@ def env_serve(
 def _episode_runtime(
     kind: str, runtime_config: Path | None, config: OrchardConfig, tasks: Path, hide: Sequence[Path], sandboxes: Path
 ) -> Runtime:
-    """The runtime ``orchard env serve`` runs episodes on."""
-    if kind == "local":
-        from orchard.env.local_runtime import LocalRuntime
+    """The runtime ``orchard env serve`` runs episodes on (``orchard.env.runtimes.open_runtime``)."""
+    from orchard.env.runtimes import RUNTIME_TYPES, LocalRuntimeConfig, RuntimeConfig, open_runtime, read_runtime_config
 
+    if kind not in RUNTIME_TYPES:
+        raise ConfigError(f"--runtime: {kind!r} is neither local nor kubernetes")
+    if kind == "local":
         if runtime_config is not None:
             raise ConfigError("--runtime-config is for --runtime kubernetes; the local runtime takes no file")
-        hidden = sandbox_hidden_paths(config, tasks, hide)
         harnesses = Path(".orchard/harnesses").resolve()  # infra/local/install_harnesses.sh puts Codex CLI there
+        hidden = sandbox_hidden_paths(config, tasks, hide)
         shared = [harnesses] if harnesses.is_dir() else []
-        return LocalRuntime(sandboxes, hidden_paths=hidden, shared_paths=shared)
-    if kind != "kubernetes":
-        raise ConfigError(f"--runtime: {kind!r} is neither local nor kubernetes")
+        return open_runtime(LocalRuntimeConfig(), sandboxes=sandboxes, hidden_paths=hidden, shared_paths=shared)
     if hide:
         raise ConfigError("--hide is for the local runtime (episode pods never see this machine's files)")
     if runtime_config is None:
         raise ConfigError("--runtime kubernetes needs --runtime-config FILE (a KubernetesRuntimeConfig in YAML)")
-    from orchard.env.k8s_objects import KubernetesRuntimeConfig
-    from orchard.env.kubernetes_runtime import KubernetesRuntime
-
-    try:
-        settings = KubernetesRuntimeConfig.model_validate(yaml.safe_load(runtime_config.read_text()) or {})
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--runtime-config {runtime_config}: not YAML: {exc}") from exc
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, f"--runtime-config {runtime_config}")) from exc
-    return KubernetesRuntime(settings)
+    settings: RuntimeConfig = read_runtime_config(runtime_config, kind)
+    return open_runtime(settings, sandboxes=sandboxes)
 
 
 class _Reaper:
