@@ -46,6 +46,7 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -159,6 +160,8 @@ class PolicyTrainer:
         self.backend: TrainingBackend
         self.reference: torch.nn.Module | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
+        self._drain_requested = threading.Event()
+        self._drain_ends: dict[int, int] | None = None
 
     # ------------------------------------------------------------------------------------------------ the loop
 
@@ -204,6 +207,11 @@ class PolicyTrainer:
                 step = self._form_step(full_only=False)
                 if step is not None:
                     self._run_step(step, consumer, producer, router)
+            if self._drain_requested.is_set() and self.epoch == 0 and self._drained(consumer):
+                while not self._done() and self._queue and (step := self._form_step(full_only=False)) is not None:
+                    self._run_step(step, consumer, producer, router)
+                log.info("drained on request, exiting", step=self.step, queued=len(self._queue))
+                return
             idle_exit = self.config.idle_exit_s
             if self.epoch == 0 and idle_exit is not None and not self._queue and idle >= idle_exit:
                 if self.config.epochs == 1:
@@ -212,6 +220,18 @@ class PolicyTrainer:
                 log.info("stream idle, first pass done", idle_s=round(idle, 1), step=self.step)
                 self._next_epoch(consumer)
                 last_arrival = time.monotonic()
+
+    def request_drain(self) -> None:
+        """Train what is on the topic now, publish and checkpoint, then return from ``run`` (``orchard train policy``
+        does this on SIGTERM, so a recipe's stage that stops its trainer loses no step and no sample). Thread-safe."""
+        self._drain_requested.set()
+
+    def _drained(self, consumer: Consumer) -> bool:
+        """Whether every record that was on the topic when the drain was asked for has been polled."""
+        if self._drain_ends is None:
+            self._drain_ends = dict(self.bus.describe_topic(self.config.topic).end_offsets)
+        position = {tp.partition: offset for tp, offset in consumer.position().items() if tp.topic == self.config.topic}
+        return all(position.get(partition, 0) >= end for partition, end in self._drain_ends.items() if end > 0)
 
     def _done(self) -> bool:
         return self._stage_done or self._reached_max_steps()

@@ -7,12 +7,17 @@ store of the Orchard config (``orchard -c orchard.yaml`` / ``ORCHARD_*``). Other
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from orchard.cli import train_value
 from orchard.cli.common import console, state
+
+if TYPE_CHECKING:
+    from trainers.policy import PolicyTrainer
 
 app = typer.Typer(help="Trainers: policy and value models.", no_args_is_help=True)
 
@@ -35,7 +40,11 @@ def policy(
 
     from trainers.policy import PolicyTrainer
 
-    summary = PolicyTrainer(trainer_config, orchard_config).run()
+    trainer = PolicyTrainer(trainer_config, orchard_config)
+    # SIGTERM (a recipe's stage stopping its trainer, a pod being deleted) drains: train what is on the topic,
+    # publish, checkpoint, exit 0. A second SIGTERM, or SIGKILL, still ends it at once (the checkpoint resumes it).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: _drain_once(trainer, signum))
+    summary = trainer.run()
     console.print(
         f"trained {summary.steps} steps ({summary.samples} samples, {summary.tokens} tokens); "
         f"policy version {summary.policy_version}; offsets {summary.offsets}"
@@ -43,3 +52,9 @@ def policy(
 
 
 app.command("value")(train_value.value)
+
+
+def _drain_once(trainer: PolicyTrainer, signum: int) -> None:
+    """The first SIGTERM asks the trainer to drain; the next one takes the default action (exit)."""
+    signal.signal(signum, signal.SIG_DFL)
+    trainer.request_drain()

@@ -484,3 +484,27 @@ def test_a_published_version_exports_with_its_tokenizer_and_loads_with_auto_clas
     assert again.returncode == 1 and "not an empty directory" in again.stderr
     missing = export(str(tmp_path), "99", str(tmp_path / "other"))
     assert missing.returncode == 1 and "VERSION must be 'latest' or one of 1.." in " ".join(missing.stderr.split())
+
+
+# ---------------------------------------------------------------------------------------------------- drain
+def test_sigterm_drains_the_topic_publishes_and_checkpoints_before_the_trainer_exits(tmp_path: Path) -> None:
+    settings = {"model": {"type": "tiny", "name": MODEL}, "batch_tokens": 256, "publish_every": 1000,
+                "checkpoint_every": 1000, "idle_flush_s": 3600, "idle_exit_s": None, "cpu_threads": 1,
+                "run_dir": str(tmp_path / "run")}  # fmt: skip
+    (tmp_path / "trainer.yaml").write_text(json.dumps(settings))
+    stream = synthetic_stream(30, run_id="r1", vocab_size=TINY_VOCAB, seed=7)
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        produce_samples(bus, "samples", stream[:10])
+    trainer = _start_cli(tmp_path, tmp_path / "trainer.yaml")
+    _wait(lambda: bool(_log_events(tmp_path, "no checkpoint, starting from the initial weights")), 120, "the start")
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        produce_samples(bus, "samples", stream[10:])  # on the bus before the signal: trained before the exit
+    trainer.send_signal(signal.SIGTERM)
+
+    assert trainer.wait(timeout=120) == 0, _log_tail(tmp_path)
+    assert len(_log_events(tmp_path, "drained on request, exiting")) == 1
+    saved = CheckpointStore(open_store(LocalStoreConfig(path=tmp_path / "store")), "r1", "policy", tmp_path / "s")
+    end = saved.load_latest()
+    assert end is not None and end.state.offsets == {"samples": {0: 30}}  # every sample, the last step partial
+    assert int(end.state.counters["samples"]) == 30
+    assert [r["version"] for r in _version_records(tmp_path / "bus")] == [1]  # published on the way out
