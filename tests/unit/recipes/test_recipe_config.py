@@ -128,7 +128,13 @@ def test_the_rl_trainers_resume_the_sft_checkpoint_with_their_own_constant_learn
     assert rl.lr < credit.lr and rl.schedule.kind == dense.schedule.kind == "constant"
     assert credit.max_steps is not None and rl.max_steps is not None and dense.max_steps is not None
     assert credit.max_steps < rl.max_steps < dense.max_steps  # max_steps counts from the first stage
-    assert rl.staleness.max_policy_lag is not None and rl.idle_exit_s is not None and dense.idle_exit_s is not None
+    assert rl.staleness.max_policy_lag is not None and rl.stage_optimizer == dense.stage_optimizer == "fresh"
+    # no idle time ends them: each stage ends once its rollout's samples are all on the bus, and its stop drains it
+    assert rl.idle_exit_s is None and dense.idle_exit_s is None
+    stages = {stage.name: stage for stage in recipe.stages}
+    for stage, trainer in (("rl-bar", "trainer-rl"), ("dense", "trainer-dense")):
+        assert stages[stage].until is not None and stages[stage].until.caught_up == ["sample-builder-rl"]
+        assert stages[stage].stop[0] == trainer and recipe.components[trainer].stop_grace_s >= 300
 
 
 def test_the_rl_builders_close_bar_groups_and_the_dense_one_weighs_the_step_reward_plug_in(recipe: RunConfig) -> None:
