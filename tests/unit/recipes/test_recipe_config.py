@@ -203,3 +203,10 @@ def test_setup_writes_tasks_and_plans_and_a_second_run_keeps_the_tasks(tmp_path:
 def test_the_evaluation_wrapper_refuses_to_run_without_a_command(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         evaluate_main(["--engine", "http://127.0.0.1:9", "--run-dir", str(tmp_path), "--"])
+
+
+def test_the_value_model_starts_from_the_model_the_policy_trainers_publish(recipe: RunConfig, tmp_path: Path) -> None:
+    dense = recipe.components["trainer-dense"]
+    assert isinstance(dense, PolicyTrainerComponent)
+    published = load_trainer_config(None, [item.replace("{run_dir}", str(tmp_path)) for item in dense.set]).model_name
+    assert recipe.components["value-trainer"].model == f"policy:{published}"  # type: ignore[union-attr]
