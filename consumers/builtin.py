@@ -81,7 +81,7 @@ def build_processor(spec: str, config: ConsumersConfig | None = None) -> Process
     from consumers.reward_consumer import RewardConsumer
 
     try:
-        return RewardConsumer(load_reward(spec))
+        return RewardConsumer(load_reward(spec), config=config.rewards, sample_builder=config.sample_builder)
     except RewardPluginError as exc:
         known = ", ".join(sorted(available()))
         raise UnknownConsumerError(f"cannot run consumer {spec!r}: {exc} (runnable names: {known})") from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from consumers.groups import GroupBy
 from consumers.samples import SampleBuilderConfig
 from consumers.start import ConsumerStart
 
@@ -47,9 +48,33 @@ class AssemblerConfig(_Strict):
     )
 
 
+class RewardsConfig(_Strict):
+    """How a reward consumer feeds a plug-in that scores whole rollout groups (``needs_groups = True``); plug-ins
+    that score one episode at a time ignore it."""
+
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        description="A rollout group is scored once it has this many trajectories; null: sample_builder.group_size "
+        "(the groups the sample builder forms).",
+    )
+    group_timeout_ms: int = Field(
+        60_000,
+        ge=0,
+        description="...or this long (event time) after its first trajectory came. Keep it below "
+        "sample_builder.score_wait_ms, or the sample builder stops waiting for the group's scores first.",
+    )
+    group_by: GroupBy | None = Field(
+        None,
+        description="'auto' (group_id, else task + policy version) or 'task_version'; null: sample_builder.group_by.",
+    )
+
+
 class ConsumersConfig(_Strict):
-    """Everything the consumers read from config: the runtime, the assembler and the sample builder."""
+    """Everything the consumers read from config: the runtime, the assembler, the reward consumers and the sample
+    builder."""
 
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     assembler: AssemblerConfig = Field(default_factory=AssemblerConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     sample_builder: SampleBuilderConfig = Field(default_factory=SampleBuilderConfig)

@@ -55,7 +55,8 @@ StepFunction = Callable[[Step, Trajectory], StepResult]
 class RewardPlugin:
     """Base class of reward plug-ins. Override any of the three hooks; the defaults cascade downwards.
 
-    - ``score_group`` sees every trajectory of a rollout group (set ``needs_groups = True`` to be fed groups);
+    - ``score_group`` sees every trajectory of a rollout group (set ``needs_groups = True`` to be fed groups: the
+      reward consumer then holds trajectories until their group is complete or timed out);
     - ``score_episode`` sees one whole trajectory;
     - ``score_step`` sees one step: return a float (the whole call), a ``Score``, several, or None to abstain.
     """
@@ -171,10 +172,14 @@ def _instantiate(target: Any, name: str | None) -> RewardPlugin:
     raise RewardPluginError(f"{target!r} is not a RewardPlugin subclass, instance or function")
 
 
-def step_score_record(trajectory: Trajectory, score: Score, scorer: str, timestamp_ms: int) -> dict[str, Any]:
+def step_score_record(
+    trajectory: Trajectory, score: Score, scorer: str, timestamp_ms: int, *, episode_score_count: int | None = None
+) -> dict[str, Any]:
     """The ``StepScore`` record (topic ``scores``) for one score of one trajectory.
 
     ``timestamp_ms`` comes from the input (the trajectory record), so replays give identical records.
+    ``episode_score_count`` is how many records the scorer publishes for this episode (StepScore v2; the same in
+    each of them): the sample builder takes the scorer as done once that many have come. None leaves it unsaid.
     """
     step_versions = {step.call_index: step.policy_version for step in trajectory.steps}
     if score.call_index not in step_versions:
@@ -193,6 +198,7 @@ def step_score_record(trajectory: Trajectory, score: Score, scorer: str, timesta
         "token_end": score.token_end,
         "score": float(score.score),
         "details_json": json.dumps(dict(score.details), sort_keys=True),
+        "episode_score_count": episode_score_count,
         "timestamp": timestamp_ms,
     }
 

@@ -9,7 +9,8 @@ Encoding of a prepared trajectory: a 4-byte little-endian header length, the JSO
 token ids (int32) and behaviour logprobs (float32), little-endian, in order.
 
 Scores wait as ``ScoreBook``s, one per (episode, scorer): the scores received so far (abstentions dropped), how many
-records came, how many the scorer said it published (when its records say so), and when the first arrived.
+records came, how many the scorer said it published (``StepScore.episode_score_count``, v2: when its records say so),
+when the first arrived and when the last announced one did.
 """
 
 from __future__ import annotations
@@ -133,10 +134,13 @@ class ScoreBook:
             if self.received >= count:
                 self.complete_ms = now_ms
 
-    def ready_ms(self, settle_ms: int) -> int:
-        """Event time from which this scorer counts as done with the episode: when the announced count was
-        reached, else ``settle_ms`` after its first record (its records may straddle polls)."""
-        return self.complete_ms if self.complete_ms is not None else self.first_ms + settle_ms
+    def ready_ms(self, settle_ms: int) -> int | None:
+        """Event time from which this scorer counts as done with the episode: when its announced count was reached
+        (None while records it announced are still missing), or, when its records do not say how many there are,
+        ``settle_ms`` after its first record (its records may straddle polls)."""
+        if self.expected is not None:
+            return self.complete_ms
+        return self.first_ms + settle_ms
 
     def dense_scores(self) -> list[DenseScore]:
         """The scores as ``DenseScore``s, in a stable order."""

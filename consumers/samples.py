@@ -7,10 +7,12 @@ Flow of one trajectory (all state in the ``StateStore``, so a restart resumes ex
    trajectory is reduced to a ``PreparedTrajectory`` (token sequences + per-call facts) and stored.
 2. **Wait for scores** (``scores`` topic): until every scorer named in ``scorers`` or ``credit.score_credit`` is
    done with the episode, or ``score_wait_ms`` of event time has passed since the trajectory arrived (then the
-   missing scorers count as silent). Scores may arrive before their trajectory. A scorer commits all its scores of
-   an episode in one transaction, so they are all on the bus once the first is, but they reach the processor one
-   record at a time and may straddle polls: a scorer counts as done ``score_settle_ms`` after its first score of the
-   episode, or, when its records carry ``episode_score_count``, as soon as that many have come.
+   missing scorers count as silent, and what came of the others is used). Scores may arrive before their trajectory.
+   A scorer commits all its scores of an episode in one transaction, so they are all on the bus once the first is,
+   but they reach the processor one record at a time and may straddle polls. A scorer whose records carry
+   ``episode_score_count`` (StepScore v2: every scorer Orchard runs) is done the moment that many have come, and
+   not before (``score_wait_ms`` is then its only timeout); one whose records do not (v1 records, third-party
+   scorers) counts as done ``score_settle_ms`` after its first score of the episode.
 3. **Group** (``consumers.groups``): the ready trajectory joins its rollout group, which closes when it has
    ``group_size`` members or ``group_timeout_ms`` after it opened.
 4. **Emit**, for each member of a closed group (in the order they joined) and each of its token sequences
@@ -70,7 +72,7 @@ log = get_logger("consumers.samples")
 SampleKind = Literal["RL", "SFT"]
 _TRAJ, _WAIT, _SCORE, _DONE, _GROUP, _CLOCK = "traj/", "wait/", "score/", "done/", "group/", "clock"
 SCORE_COUNT_FIELD = "episode_score_count"
-"""A ``StepScore`` field (proposed for StepScore v2) giving how many records the scorer published for the episode."""
+"""The ``StepScore`` (v2) field giving how many records the scorer published for the episode (null: it does not say)."""
 
 
 class SampleBuilderConfig(BaseModel):
@@ -97,8 +99,9 @@ class SampleBuilderConfig(BaseModel):
     score_settle_ms: int = Field(
         2_000,
         ge=0,
-        description="A scorer counts as done with an episode this long (event time) after its first score for it, "
-        "unless its records carry episode_score_count (then: once that many have come).",
+        description="A scorer whose records do not carry episode_score_count (StepScore v1, third-party scorers) "
+        "counts as done with an episode this long (event time) after its first score for it; one whose records "
+        "carry it is done once that many have come.",
     )
     outcome_weight: float = Field(1.0, description="Weight of the group-relative outcome advantage.")
     advantage_eps: float = Field(1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
@@ -158,7 +161,7 @@ class SampleBuilder(Processor):
         self._clock = 0
         self._waiting: dict[str, tuple[int, str]] = {}  # episode -> (score deadline, group key)
         self._wait_heap: list[tuple[int, str]] = []
-        self._heard: dict[str, dict[str, int]] = {}  # episode -> scorer -> event time it counts as done
+        self._heard: dict[str, dict[str, int | None]] = {}  # episode -> scorer -> when it is done (None: not yet)
         self._settle_heap: list[tuple[int, str]] = []
         self._orphan_heap: list[tuple[int, str]] = []
         self._done: dict[str, int] = {}
@@ -261,11 +264,11 @@ class SampleBuilder(Processor):
         self._expire_done(now_ms)
 
     def _ready_at(self, episode: str) -> int | None:
-        """When every awaited scorer counts as done with ``episode`` (None: some has not been heard from)."""
+        """When every awaited scorer counts as done with ``episode`` (None: some has not been heard from, or is
+        still missing records it announced)."""
         heard = self._heard.get(episode, {})
-        if any(scorer not in heard for scorer in self._awaited):
-            return None
-        return max((heard[scorer] for scorer in self._awaited), default=0)
+        times = [heard.get(scorer) for scorer in self._awaited]
+        return None if None in times else max((t for t in times if t is not None), default=0)
 
     def _join_if_scored(self, episode: str, emit: Emit) -> None:
         ready = self._ready_at(episode)
@@ -280,9 +283,11 @@ class SampleBuilder(Processor):
         _, group = self._waiting.pop(episode)
         self._store().delete(_WAIT + episode)
         if timed_out:
-            missing = [s for s in self._awaited if s not in self._heard.get(episode, {})]
+            heard = self._heard.get(episode, {})
+            missing = [s for s in self._awaited if s not in heard]
+            unfinished = [s for s in self._awaited if s in heard and heard[s] is None]
             self.stats["score_wait_timeouts"] += 1
-            log.warning("gave up waiting for scorers", episode_id=episode, missing=missing)
+            log.warning("gave up waiting for scorers", episode_id=episode, missing=missing, unfinished=unfinished)
         closed = self._groups.add(group, Member(episode, joined_ms))
         if closed is not None:
             self._emit_group(closed, emit)
@@ -395,9 +400,10 @@ class SampleBuilder(Processor):
         if book.scorer not in heard:
             heapq.heappush(self._orphan_heap, (book.first_ms + self.config.orphan_score_ms, episode))
         ready = book.ready_ms(self.config.score_settle_ms)
-        if heard.get(book.scorer) != ready:
+        if book.scorer not in heard or heard[book.scorer] != ready:
             heard[book.scorer] = ready
-            heapq.heappush(self._settle_heap, (ready, episode))
+            if ready is not None:
+                heapq.heappush(self._settle_heap, (ready, episode))
 
     def _index_done(self, episode: str, done_ms: int) -> None:
         self._done[episode] = done_ms

@@ -6,7 +6,8 @@
   (``max_tokens`` 0, and 1 as vLLM needs) agree; ``emit="tokens"`` gives one span per token;
 - failures name the episode and call: an unreachable teacher, a teacher that scores another number of tokens;
 - the engine-backed process reward model returns a score per step, equal to what the verdict logprobs of a direct
-  forward pass give.
+  forward pass give;
+- run by the reward consumer, every record a dense plug-in publishes for an episode says how many there are.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers.utils import logging as hf_logging
 from consumers.dense.distillation import OnPolicyDistillation
 from consumers.dense.exceptions import EngineUnreachableError, TokenMismatchError
 from consumers.dense.process_reward import EngineProcessReward
+from consumers.reward_consumer import RewardConsumer
 from consumers.rewards import Score
 from orchard.engines.local import LocalEngine
 from orchard.engines.openai_api import create_engine_app
@@ -153,6 +155,23 @@ def test_token_spans_carry_one_score_per_completion_token(urls: dict[int, str], 
         for t, kl in enumerate(score.details["per_token"])
     ]
     assert per_token == expected
+
+
+def test_every_record_a_dense_plugin_publishes_for_an_episode_carries_their_count(
+    urls: dict[int, str], episode: Trajectory
+) -> None:
+    plugins = [
+        distillation(urls[1], emit="tokens"),
+        distillation(urls[1]),
+        EngineProcessReward(judge_url=urls[1], judge_model=MODEL, echo_max_tokens=1),
+    ]
+    tokens = sum(len(step.completion_token_ids) for step in episode.steps)
+    counts = []
+    for plugin in plugins:
+        records = RewardConsumer(plugin).episode_records(episode, 0)
+        counts.append({(len(records), record["episode_score_count"]) for record in records})
+        plugin.close()
+    assert counts == [{(tokens, tokens)}, {(2, 2)}, {(2, 2)}]
 
 
 def test_an_unreachable_teacher_raises_naming_the_episode_and_call(episode: Trajectory) -> None:

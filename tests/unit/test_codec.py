@@ -360,7 +360,7 @@ def test_shipped_catalog_has_every_record() -> None:
         "Trajectory",
     ]
     assert [(sv.name, sv.version) for sv in catalog] == sorted(
-        [(name, 1) for name in catalog.names()] + [("ModelCall", 2)]
+        [(name, 1) for name in catalog.names()] + [("ModelCall", 2), ("StepScore", 2)]
     )
     assert catalog.by_fingerprint(catalog.current("ModelCall").fingerprint) is catalog.current("ModelCall")
 

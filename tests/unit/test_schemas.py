@@ -92,6 +92,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "token_end": 512,
         "score": 0.82,
         "details_json": json.dumps({"wrote_test": True, "verified_fix": False}),
+        "episode_score_count": 23,
         "timestamp": T0,
     },
     "TrainingSample": {
@@ -170,6 +171,14 @@ def test_model_call_v1_records_read_as_v2_with_no_harness_api_and_v2_records_rea
     assert v2.decode(v1.encode("ModelCall", old)) == DecodedRecord("ModelCall", 1, 2, old | {"harness_api": None})
     messages = SAMPLES["ModelCall"] | {"api_flavour": "CHAT", "harness_api": "MESSAGES"}
     assert v1.decode(v2.encode("ModelCall", messages)) == DecodedRecord("ModelCall", 2, 1, without_api(messages))
+
+
+def test_step_score_v1_records_read_as_v2_with_no_count_and_v2_records_read_as_v1() -> None:
+    v1, v2 = Codec(SchemaCatalog.load(), versions={"StepScore": 1}), Codec.default()
+    old = {key: value for key, value in SAMPLES["StepScore"].items() if key != "episode_score_count"}
+    unsaid = old | {"episode_score_count": None}
+    assert v2.decode(v1.encode("StepScore", old)) == DecodedRecord("StepScore", 1, 2, unsaid)
+    assert v1.decode(v2.encode("StepScore", SAMPLES["StepScore"])) == DecodedRecord("StepScore", 2, 1, old)
 
 
 def without_api(record: dict[str, Any]) -> dict[str, Any]:

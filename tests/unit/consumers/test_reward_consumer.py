@@ -1,4 +1,5 @@
-"""A reward plug-in run as a processor: its scores become StepScores; abstaining still says it is done."""
+"""A reward plug-in run as a processor: its scores become StepScores, each saying how many its episode got;
+abstaining still says it is done."""
 
 from __future__ import annotations
 
@@ -59,6 +60,15 @@ def test_an_abstaining_plugin_emits_one_nan_score_on_the_last_call() -> None:
     assert (score["scorer"], score["call_index"], math.isnan(score["score"]), score["details_json"]) == (
         "silent", 2, True, '{"abstained": true}',
     )  # fmt: skip
+
+
+def test_every_record_of_an_episode_carries_how_many_the_scorer_published_for_it() -> None:
+    scored = run(FunctionReward(lambda step, trajectory: float(step.call_index), name="index"))
+    assert [(topic, s["call_index"], s["episode_score_count"]) for topic, s in scored] == [
+        ("scores", 0, 3), ("scores", 1, 3), ("scores", 2, 3),
+    ]  # fmt: skip
+    [(_, abstained)] = run(FunctionReward(lambda step, trajectory: None, name="silent"))
+    assert (math.isnan(abstained["score"]), abstained["episode_score_count"]) == (True, 1)
 
 
 def test_a_failing_plugin_dead_letters_the_trajectory() -> None:

@@ -131,7 +131,8 @@ def test_score_step_agrees_with_score_episode_and_makes_step_score_records() -> 
     plugin = RuleProcessReward()
     episode = trajectory([(shell("pytest"), FAILING), (shell("pytest"), FAILING)])
     assert [plugin.score_step(step, episode) for step in episode.steps] == plugin.score_episode(episode)
-    record = step_score_record(episode, plugin.score_episode(episode)[1], plugin.scorer_name, timestamp_ms=7)
+    scores = plugin.score_episode(episode)
+    record = step_score_record(episode, scores[1], plugin.scorer_name, timestamp_ms=7, episode_score_count=len(scores))
     assert record == {
         "run_id": "r",
         "episode_id": "e1",
@@ -142,6 +143,7 @@ def test_score_step_agrees_with_score_episode_and_makes_step_score_records() -> 
         "token_end": None,
         "score": -0.5,
         "details_json": '{"rules": ["repeat"]}',
+        "episode_score_count": 2,
         "timestamp": 7,
     }
 

@@ -137,14 +137,26 @@ def episode(
 
 
 def score(
-    episode_id: str, scorer: str, call_index: int, value: float, timestamp: int, span: tuple[int, int] | None = None
+    episode_id: str,
+    scorer: str,
+    call_index: int,
+    value: float,
+    timestamp: int,
+    span: tuple[int, int] | None = None,
+    *,
+    count: int | None = None,
+    version: int | None = None,
 ) -> Input:
+    """A decoded ``StepScore``; ``count`` is its ``episode_score_count``; ``version`` 1 writes it as StepScore v1."""
     record = {
         "run_id": "run", "episode_id": episode_id, "call_index": call_index, "scorer": scorer, "policy_version": 5,
         "token_start": span[0] if span else None, "token_end": span[1] if span else None, "score": value,
         "details_json": "{}", "timestamp": timestamp,
     }  # fmt: skip
-    decoded = CODEC.decode(CODEC.encode("StepScore", record)).record
+    if count is not None:
+        record["episode_score_count"] = count
+    writer = Codec(CODEC.catalog, versions={"StepScore": version}) if version else CODEC
+    decoded = CODEC.decode(writer.encode("StepScore", record)).record
     return Input("scores", "StepScore", decoded, episode_id.encode(), timestamp, 0, 0)
 
 
@@ -250,23 +262,52 @@ def test_dense_scores_are_weighted_and_span_scores_apply_to_their_span() -> None
     assert e1 == [round(v, 4) for v in [0, 0, 0, -a + 0.5, -a + 0.5, 0, 0, -a - 0.5, -a - 0.5, -a - 0.5]]
 
 
-def test_a_scorer_counts_as_done_after_the_settle_time_or_once_it_announced_count_came() -> None:
+def test_a_scorer_without_a_count_counts_as_done_once_the_settle_time_passed_after_its_first_score() -> None:
     config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_settle_ms=100, emit_zero_samples=True)
-    one_by_one = [episode("e0", reward=0.0, timestamp=1000), score("e0", "prm", 0, 1.0, 1010)]
-    late = score("e0", "prm", 1, 1.0, 1050)  # the same scorer's next record, e.g. in the next poll
-    out, _ = drive(config, [*one_by_one, late, 1109])
-    assert out == []
-    out, _ = drive(config, [*one_by_one, late, 1110])
-    assert [(s["created_at"], arrays(s)[2]) for s in out] == [(1110, [0, 0, 0, 1, 1, 0, 0, 1, 1, 1])]
-
-    def counted(item: Input) -> Input:  # a scorer that says how many records it published for the episode
-        return Input(**{**{f: getattr(item, f) for f in Input.__slots__}, "record": {**item.record,  # type: ignore[attr-defined]
-                     "episode_score_count": 2}})  # fmt: skip
-
-    out, _ = drive(config, [one_by_one[0], counted(one_by_one[1]), counted(late)])
-    assert [s["created_at"] for s in out] == [1050]
+    for version in (1, 2):  # a StepScore v1 record, and a v2 record whose scorer does not say how many it sent
+        one_by_one = [episode("e0", reward=0.0, timestamp=1000), score("e0", "prm", 0, 1.0, 1010, version=version)]
+        late = score("e0", "prm", 1, 1.0, 1050, version=version)  # the same scorer's next record (the next poll)
+        out, _ = drive(config, [*one_by_one, late, 1109])
+        assert out == []
+        out, _ = drive(config, [*one_by_one, late, 1110])
+        assert [(s["created_at"], arrays(s)[2]) for s in out] == [(1110, [0, 0, 0, 1, 1, 0, 0, 1, 1, 1])]
     scores_first = [score("e0", "prm", 0, 1.0, 900), episode("e0", reward=0.0, timestamp=950), 999]
     assert [s["created_at"] for s in drive(config, [*scores_first, 1000])[0]] == [1000]
+
+
+def test_the_builder_emits_the_moment_a_scorers_announced_count_has_come_without_waiting_to_settle() -> None:
+    config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_settle_ms=60_000, emit_zero_samples=True)
+    first = [episode("e0", reward=0.0, timestamp=1000), score("e0", "prm", 0, 1.0, 1010, count=2)]
+    out, _ = drive(config, first)
+    assert out == []
+    out, _ = drive(config, [*first, score("e0", "prm", 1, 1.0, 1050, count=2)])
+    assert [(s["created_at"], arrays(s)[2]) for s in out] == [(1050, [0, 0, 0, 1, 1, 0, 0, 1, 1, 1])]
+    before = [score("e0", "prm", 1, 1.0, 900, count=2), score("e0", "prm", 0, 1.0, 901, count=2)]
+    out, _ = drive(config, [*before, episode("e0", reward=0.0, timestamp=950)])  # all came before the trajectory
+    assert [s["created_at"] for s in out] == [950]
+
+
+def test_a_scorer_that_announced_a_count_is_waited_for_past_the_settle_time_until_the_score_deadline() -> None:
+    config = SampleBuilderConfig(
+        group_size=1, scorers={"prm": 1.0}, score_settle_ms=100, score_wait_ms=5_000, emit_zero_samples=True
+    )
+    inputs = [episode("e0", reward=0.0, timestamp=1000), score("e0", "prm", 0, 1.0, 1010, count=3)]
+    out, _ = drive(config, [*inputs, score("e0", "prm", 1, 1.0, 1020, count=3), 5_999])
+    assert out == []
+    out, builder = drive(config, [*inputs, score("e0", "prm", 1, 1.0, 1020, count=3), 6_000])
+    assert [(s["created_at"], arrays(s)[2]) for s in out] == [(6_000, [0, 0, 0, 1, 1, 0, 0, 1, 1, 1])]
+    assert builder.stats["score_wait_timeouts"] == 1
+
+
+def test_a_restart_between_a_scorers_records_still_emits_when_its_count_comes() -> None:
+    config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_settle_ms=60_000, emit_zero_samples=True)
+    inputs = [
+        episode("e0", reward=0.0, timestamp=1000),
+        score("e0", "prm", 0, 1.0, 1010, count=2),
+        score("e0", "prm", 1, 1.0, 1050, count=2),
+    ]
+    out, _ = drive(config, inputs, restart_after=[1])
+    assert [(s["created_at"], arrays(s)[2]) for s in out] == [(1050, [0, 0, 0, 1, 1, 0, 0, 1, 1, 1])]
 
 
 def test_a_trajectory_waits_for_its_scorers_only_until_the_score_deadline() -> None:
