@@ -27,6 +27,7 @@ from orchard.bus.base import (
     check_start,
     partition_for_key,
 )
+from orchard.bus.embedded.compaction import CompactionPolicy, cleanup_policies
 from orchard.bus.embedded.groups import GroupMembership, GroupOffsets
 from orchard.bus.embedded.locks import file_lock, write_atomic
 from orchard.bus.embedded.log import PartitionLog, PendingRecord
@@ -68,6 +69,7 @@ class EmbeddedBus(Bus):
         self._fsync = config.fsync == "always"
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._partitions: dict[str, int] = {}
+        self._metas: dict[str, dict[str, object]] = {}
         self.transactions = TransactionCoordinator(
             self.root / "transactions", self.log_for, self.group_offsets, fsync=self._fsync
         )
@@ -100,11 +102,15 @@ class EmbeddedBus(Bus):
         log.info("topic created", topic=name, partitions=count)
 
     def _meta(self, name: str) -> dict[str, object]:
-        try:
-            meta: dict[str, object] = json.loads((self._topic_dir(name) / "topic.json").read_bytes())
-        except FileNotFoundError as exc:
-            raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)") from exc
-        return meta
+        """The topic's metadata, read once: a topic's partitions and config never change after creation."""
+        if name not in self._metas:
+            try:
+                self._metas[name] = json.loads((self._topic_dir(name) / "topic.json").read_bytes())
+            except FileNotFoundError as exc:
+                raise TopicNotFoundError(
+                    f"topic {name!r} does not exist (create it with `orchard topics create`)"
+                ) from exc
+        return self._metas[name]
 
     def topic_config(self, name: str) -> dict[str, str]:
         """The config the topic was created with."""
@@ -152,11 +158,16 @@ class EmbeddedBus(Bus):
                 fsync=self._fsync,
                 verify_crc=self.config.verify_crc,
                 retention_ms=self._retention_ms(tp.topic),
+                compaction=CompactionPolicy.from_topic_config(self.topic_config(tp.topic)),
+                stable_offset=lambda: self.transactions.pending_start(tp),
             )
         return self._logs[tp]
 
     def _retention_ms(self, topic: str) -> int | None:
-        own = self.topic_config(topic).get("retention.ms")
+        config = self.topic_config(topic)
+        if cleanup_policies(config) == {"compact"}:
+            return None  # compact alone never deletes by age, as in Kafka
+        own = config.get("retention.ms")
         if own is not None:
             return None if int(own) < 0 else int(own)  # -1 keeps everything, as in Kafka
         return self.config.retention_ms
@@ -166,13 +177,23 @@ class EmbeddedBus(Bus):
         return GroupOffsets(self.root / "groups" / group, fsync=self._fsync)
 
     def enforce_retention(self) -> int:
-        """Apply retention (a topic's ``retention.ms``, else ``bus.retention_ms``) to every partition now; return
-        the number of segments deleted. Writers also apply it whenever a segment rolls."""
+        """Apply retention (a topic's ``retention.ms``, else ``bus.retention_ms``; none on a topic whose
+        ``cleanup.policy`` is ``compact`` alone) to every partition now; return the number of segments deleted.
+        Writers also apply it whenever a segment rolls."""
         deleted = 0
         for name in self.list_topics():
             for p in range(self.partitions(name)):
                 deleted += self.log_for(TopicPartition(name, p)).enforce_retention()
         return deleted
+
+    def compact(self, topic: str | None = None, now_ms: int | None = None) -> int:
+        """Compact every partition of ``topic`` (default: of every topic with ``cleanup.policy=compact``) now;
+        return the number of records removed. Writers also compact whenever a segment rolls."""
+        removed = 0
+        for name in [topic] if topic is not None else self.list_topics():
+            for p in range(self.partitions(name)):
+                removed += self.log_for(TopicPartition(name, p)).compact(now_ms).removed
+        return removed
 
     # ---------------------------------------------------------------- clients
     def producer(self) -> EmbeddedProducer:

@@ -20,6 +20,21 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+@contextmanager
+def try_file_lock(path: Path, *, blocking: bool) -> Iterator[bool]:
+    """Like ``file_lock``, but without ``blocking`` give up at once if another holder has it: yield whether held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, data: bytes, *, fsync: bool) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or the new content, never a mix."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

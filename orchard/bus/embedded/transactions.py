@@ -45,7 +45,9 @@ class Journal:
             for record in records:
                 key_len = -1 if record.key is None else len(record.key)
                 rows.append([tp.topic, tp.partition, key_len, len(record.value), record.timestamp_ms])
-                payload.append((record.key or b"") + record.value)
+                if record.key:
+                    payload.append(record.key)
+                payload.append(record.value)
         header = {
             "tag": self.tag,
             "group": self.group,
@@ -54,7 +56,17 @@ class Journal:
             "records": rows,
         }
         head = json.dumps(header).encode()
-        return MAGIC + LENGTH.pack(len(head)) + head + b"".join(payload)
+        return b"".join([MAGIC, LENGTH.pack(len(head)), head, *payload])  # one copy of the records, not three
+
+    @staticmethod
+    def read_starts(path: Path) -> dict[TopicPartition, int]:
+        """The ``starts`` of the journal at ``path``, reading its header only."""
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if head[:4] != MAGIC:
+                raise ValueError("not a transaction journal")
+            header = json.loads(handle.read(LENGTH.unpack_from(head, 4)[0]))
+        return {TopicPartition(t, p): o for t, p, o in header["starts"]}
 
     @classmethod
     def decode(cls, data: bytes) -> Journal:
@@ -161,6 +173,27 @@ class TransactionCoordinator:
                 path.unlink(missing_ok=True)
                 raise TransactionError(f"transaction {transactional_id!r} not committed: {exc}") from exc
             self._apply_or_leave_pending(journal, path)
+        self._after_append(tagged)
+
+    def _after_append(self, records: dict[TopicPartition, list[PendingRecord]]) -> None:
+        """Let each written partition compact (only once every lock is released: compaction takes them itself)."""
+        for tp in records:
+            self._log_for(tp).after_append()
+
+    def pending_start(self, tp: TopicPartition) -> int | None:
+        """The first offset of ``tp`` that a transaction not yet fully applied has written or will write (its
+        journal's start), or None: settling counts those records by tag, so compaction must keep below it."""
+        starts = []
+        for path in self.directory.glob("*.journal"):
+            try:
+                start = Journal.read_starts(path).get(tp)
+            except FileNotFoundError:  # finished meanwhile
+                continue
+            except (ValueError, KeyError):  # unreadable: it might cover anything, so nothing is stable
+                return 0
+            if start is not None:
+                starts.append(start)
+        return min(starts, default=None)
 
     def _apply_or_leave_pending(self, journal: Journal, path: Path) -> None:
         try:
@@ -187,6 +220,7 @@ class TransactionCoordinator:
                 return False
             self._apply(journal, settling=True)
             path.unlink()
+        self._after_append(journal.records)
         return True
 
     def settle_all(self) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.bus import TopicPartition
+from orchard.bus import Consumer, TopicPartition
 from orchard.bus.embedded import EmbeddedBus
 from orchard.bus.embedded.log import INDEX_ENTRY
 from orchard.config import EmbeddedBusConfig
@@ -247,3 +247,74 @@ def test_retention_runs_by_itself_when_a_segment_rolls_and_honours_the_topic_set
             producer.flush()
     assert bus.describe_topic("short").start_offsets[0] > 0
     assert bus.describe_topic("forever").start_offsets[0] == 0
+
+
+def test_appends_end_offsets_and_reads_at_the_tail_do_not_list_the_partition_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bus = EmbeddedBus(EmbeddedBusConfig(path=tmp_path))
+    bus.create_topic("t", partitions=1)
+    producer = bus.producer()
+    reader = bus.consumer(["t"])
+    producer.send("t", b"first")  # the first append and read list the directory once
+    reader.poll(max_records=10, timeout_s=0.01)
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def counting_listdir(path: str | os.PathLike[str]) -> list[str]:
+        listed.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    partition = bus.log_for(TopicPartition("t", 0))
+    for i in range(100):
+        assert producer.send("t", f"r{i}".encode()).offset == i + 1
+        assert partition.end_offset() == i + 2
+        assert [r.value for r in reader.poll(max_records=10, timeout_s=0.01)] == [f"r{i}".encode()]
+    assert reader.poll(max_records=10, timeout_s=0.01) == []
+    assert listed == []
+
+
+def drain(reader: Consumer) -> list[int]:
+    """Offsets of everything ``reader`` can read now."""
+    offsets: list[int] = []
+    while batch := reader.poll(max_records=100, timeout_s=0.01):
+        offsets += [r.offset for r in batch]
+    return offsets
+
+
+def test_writers_and_readers_with_stale_segment_caches_follow_another_processs_rolls_and_retention(
+    tmp_path: Path,
+) -> None:
+    config = EmbeddedBusConfig(path=tmp_path, segment_bytes=4096)
+    mine, theirs = EmbeddedBus(config), EmbeddedBus(config)  # separate caches, as two processes have
+    mine.create_topic("t", partitions=1)
+    old = int(time.time() * 1000) - 3_600_000
+
+    def send(bus: EmbeddedBus, value: bytes) -> int:
+        offsets: list[int] = []
+        producer = bus.producer()
+        producer.produce("t", value, partition=0, timestamp_ms=old, on_delivery=lambda d: offsets.append(d.offset))
+        producer.flush()
+        return offsets[0]
+
+    assert send(mine, b"mine-0") == 0
+    reader = mine.consumer(["t"])
+    watcher = EmbeddedBus(config).consumer(["t"])  # a third process that only reads
+    assert drain(reader) == drain(watcher) == [0]
+    partition = mine.log_for(TopicPartition("t", 0))
+    assert [send(theirs, b"theirs" * 100) for _ in range(30)] == list(range(1, 31))  # rolling several times
+    assert partition.end_offset() == 31
+    assert send(mine, b"mine-1") == 31
+    assert drain(reader) == drain(watcher) == list(range(1, 32))
+
+    expiring = EmbeddedBus(config.model_copy(update={"retention_ms": 60_000}))
+    assert expiring.enforce_retention() > 0  # deletes segments `mine` last listed
+    start = expiring.describe_topic("t").start_offsets[0]
+    assert partition.start_offset() == start > 0
+    assert partition.end_offset() == 32
+    assert [send(theirs, b"theirs" * 100) for _ in range(20)] == list(range(32, 52))
+    assert send(mine, b"mine-2") == 52
+    assert drain(reader) == drain(watcher) == list(range(32, 53))
+    late = mine.consumer(["t"])
+    assert late.poll(max_records=1, timeout_s=0.01)[0].offset == start
