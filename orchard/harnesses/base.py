@@ -189,9 +189,12 @@ def _shell_word(arg: ShellArg) -> str:
     return shlex.quote(arg)
 
 
-def shell_command(argv: Sequence[ShellArg], exports: Mapping[str, ShellArg] | None = None) -> list[str]:
-    """``/bin/sh -c 'export K=V...; exec ARGV'``: literal arguments quoted, state paths expanded in the sandbox."""
-    lines = [f"export {key}={_shell_word(value)}" for key, value in (exports or {}).items()]
+def shell_command(
+    argv: Sequence[ShellArg], exports: Mapping[str, ShellArg] | None = None, setup: Sequence[str] = ()
+) -> list[str]:
+    """``/bin/sh -c 'SETUP...; export K=V...; exec ARGV'``: literal arguments quoted, state paths expanded in the
+    sandbox; ``setup`` lines are shell code run first (each must exit the shell itself when it fails)."""
+    lines = [*setup, *(f"export {key}={_shell_word(value)}" for key, value in (exports or {}).items())]
     lines.append("exec " + " ".join(_shell_word(arg) for arg in argv))
     return ["/bin/sh", "-c", "; ".join(lines)]
 
@@ -327,6 +330,11 @@ class HarnessAdapter(ABC):
         """Variables added to the sandbox's environment for the command (the API key goes here)."""
         return {}
 
+    def stdin(self, task: HarnessTask) -> bytes:
+        """What the command reads on its standard input (default: nothing). An adapter may hand its command a file
+        to write this way instead of in an exec of its own in ``prepare``: every exec starts a sandboxed process."""
+        return b""
+
     @abstractmethod
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
         """Read back trajectory files, the patch and logs once the command has exited."""
@@ -401,7 +409,7 @@ def run_harness(
         timeout_s=adapter.exec_timeout_s(task),
         cwd=task.workdir,
         env=adapter.environment(endpoint, task),
-        stdin=b"",
+        stdin=adapter.stdin(task),
     )
     ran = time.perf_counter()
     if on_phase is not None:

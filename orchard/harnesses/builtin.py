@@ -3,9 +3,10 @@ needs only the standard library).
 
 Files in the sandbox (``~/.orchard/harness/builtin/``): ``builtin_agent.py`` (the agent's source, copied from this
 process's own ``orchard``), ``task.md`` (the instruction) and ``trajectory.jsonl`` (what the agent writes). The proxy
-token reaches the agent as ``OPENAI_API_KEY``. Every episode pays for each sandbox exec, so ``prepare`` writes both
-files in one (the task text as an argument, the source on stdin) and ``collect`` reads the trajectory and the working
-copy's changes in one.
+token reaches the agent as ``OPENAI_API_KEY``. Every episode pays for each sandbox exec (a sandboxed process start),
+so the agent's own command writes both files before it starts the agent (the task text as an argument, the source on
+stdin; ``prepare`` writes them in execs of their own only when the text is too long for an argument), and
+``collect`` reads the trajectory and the working copy's changes in one exec.
 
 The agent runs as ``python -I -S -u ~/.orchard/harness/builtin/builtin_agent.py``: isolated mode ignores every
 ``PYTHON*`` variable (a ``PYTHONPATH`` or ``PYTHONHOME`` meant for someone else), the user's site-packages, and the
@@ -18,10 +19,12 @@ checkout the Env imported through its own ``PYTHONPATH`` may be invisible inside
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from orchard.harnesses.base import (
     SETUP_TIMEOUT_S,
@@ -52,6 +55,9 @@ class BuiltinAgentAdapter(HarnessAdapter):
     """Runs the built-in agent's source file with ``python -I -S -u`` against the endpoint."""
 
     name = "builtin"
+    files_in_command: ClassVar[bool] = True
+    """Whether ``command`` writes the task text and the agent's source itself (when the text fits in an argument);
+    a subclass with a command of its own sets False, and ``prepare`` writes them."""
 
     def __init__(
         self,
@@ -74,15 +80,21 @@ class BuiltinAgentAdapter(HarnessAdapter):
         self.extra_body = dict(extra_body or {})
 
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
-        """Write the task text and the agent's source, in one sandbox exec when the text fits in an argument."""
+        """Write the task text and the agent's source, unless the command does (``files_in_command``); in one
+        sandbox exec when the text fits in an argument."""
+        if self._command_writes_files(task):
+            return
         if not _fits_in_argument(task.instruction):
             write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
-            write_state_file(sandbox, self.state(AGENT_FILE), AGENT_SOURCE.read_bytes())
+            write_state_file(sandbox, self.state(AGENT_FILE), agent_source())
             return
-        argv = ["/bin/sh", "-c", _WRITE_BOTH, "orchard-write", self.name, task.instruction]
-        result = sandbox.exec(argv, timeout_s=SETUP_TIMEOUT_S, stdin=AGENT_SOURCE.read_bytes())
+        argv = ["/bin/sh", "-c", _write_both(self.name, '"$1"'), "orchard-write", task.instruction]
+        result = sandbox.exec(argv, timeout_s=SETUP_TIMEOUT_S, stdin=agent_source())
         if result.exit_code != 0:
             raise HarnessSetupError(f"cannot write the built-in agent's files in the sandbox: {result.stderr.strip()}")
+
+    def _command_writes_files(self, task: HarnessTask) -> bool:
+        return self.files_in_command and _fits_in_argument(task.instruction)
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``python -I -S -u builtin_agent.py`` with the endpoint, limits and state file paths."""
@@ -104,7 +116,12 @@ class BuiltinAgentAdapter(HarnessAdapter):
             argv += ["--max-tokens", str(self.max_tokens)]
         if self.extra_body:
             argv += ["--extra-body", json.dumps(self.extra_body)]
-        return shell_command(argv)
+        setup = [_write_both(self.name, shlex.quote(task.instruction))] if self._command_writes_files(task) else []
+        return shell_command(argv, setup=setup)
+
+    def stdin(self, task: HarnessTask) -> bytes:
+        """The agent's source, which the command writes to its file first (when ``prepare`` did not)."""
+        return agent_source() if self._command_writes_files(task) else b""
 
     def environment(self, endpoint: ModelEndpoint, task: HarnessTask) -> dict[str, str]:
         """The proxy token as ``OPENAI_API_KEY``; unbuffered Python output."""
@@ -124,10 +141,24 @@ class BuiltinAgentAdapter(HarnessAdapter):
         )
 
 
-_WRITE_BOTH = (
-    f'd="${{HOME:?}}/{STATE_DIR}/$1"; mkdir -p "$d" && printf %s "$2" > "$d/{TASK_FILE}" && cat > "$d/{AGENT_FILE}"'
-)
-"""Writes ``$2`` (the task text) to ``task.md`` and stdin (the agent's source) to ``builtin_agent.py``."""
+def _write_both(harness: str, instruction: str) -> str:
+    """Shell code that writes the shell word ``instruction`` (quoted text, or ``"$1"``) to ``task.md`` and stdin
+    (the agent's source) to ``builtin_agent.py``, or exits 125 saying so (in the command, the exit status
+    ``run_harness`` reports: the agent never started)."""
+    directory = f'"${{HOME:?}}"/{STATE_DIR}/{shlex.quote(harness)}'
+    failed = '{ echo "orchard: cannot write the built-in agent\'s files in $d" >&2; exit 125; }'
+    return (
+        f'd={directory} && mkdir -p "$d" && printf %s {instruction} > "$d/{TASK_FILE}" && '
+        f'cat > "$d/{AGENT_FILE}" || {failed}'
+    )
+
+
+@cache
+def agent_source() -> bytes:
+    """The built-in agent's source, as shipped with this process's ``orchard``."""
+    return AGENT_SOURCE.read_bytes()
+
+
 MAX_ARGUMENT_BYTES = 32_768
 """Longest task text passed as an argument; a longer one goes on stdin, in an exec of its own (Linux refuses one
 argument over 128 KiB, and an exec through the Kubernetes API carries its argv in the URL)."""

@@ -37,6 +37,8 @@ class ClawAgentAdapter(BuiltinAgentAdapter):
 
     name = "claw"
 
+    files_in_command = False  # its own command: prepare writes the task text and the agent's source
+
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
         """Write the task text and the agent's modules."""
         super().prepare(sandbox, endpoint, task)

@@ -15,7 +15,7 @@ Layout written by ``generate``::
     OUT/manifest.json                  the config, and each split's task ids
     OUT/train/<task_id>/task.yaml      one task directory each (``orchard.env.tasks.load_task`` reads it)
                        /workspace/*.txt
-                       /hidden/grade.py, reference.json   the grader (run from outside the working copy)
+                       /hidden/grade.py, reference.txt    the grader (run from outside the working copy)
     OUT/eval/<task_id>/...             the held-out split: no task shares its instruction and files with a train task
 
 The same config always writes byte-identical trees. The eval split is drawn from its own random stream, so it does
@@ -40,6 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchard.logging import get_logger
+from recipes.file_lookup.grade import REFERENCE_NAME, format_reference, parse_reference
 
 log = get_logger("recipes.file_lookup")
 
@@ -50,9 +51,10 @@ VALUE_RANGE = (100, 999)
 """Values are three-digit numbers: a guess almost never hits a workspace value, so a copied value is evidence."""
 ANSWER_FILE = "answer.txt"
 GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
-GRADE_COMMAND = 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
-"""The Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``; ``-I`` keeps the working copy off the grader's path."""
-REFERENCE_FILE = "reference.json"
+GRADE_COMMAND = 'python3 -I -S "$ORCHARD_GRADER_DIR/grade.py"'
+"""The Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``; ``-I`` keeps the working copy off the grader's path;
+``-S`` skips ``site`` (the grader needs nothing installed, and every episode pays for its start)."""
+REFERENCE_FILE = REFERENCE_NAME
 Split = Literal["train", "eval"]
 SPLITS: tuple[Split, ...] = ("train", "eval")
 
@@ -111,15 +113,15 @@ class LookupTask:
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def reference(self) -> dict[str, Any]:
-        """The grader's ``reference.json``."""
+        """The grader's reference (written as ``reference.txt``, ``grade.format_reference``)."""
         return {"file": self.file, "key": self.key, "answer": self.answer, "files": self.files}
 
     @classmethod
     def from_directory(cls, directory: Path) -> LookupTask:
         """Read a task back from its directory (its id from ``task.yaml``, the rest from the hidden reference)."""
         spec = yaml.safe_load((directory / "task.yaml").read_text())
-        reference = json.loads((directory / "hidden" / REFERENCE_FILE).read_text())
-        return cls(spec["task_id"], reference["files"], reference["file"], reference["key"])
+        reference = parse_reference((directory / "hidden" / REFERENCE_FILE).read_text())
+        return cls(spec["task_id"], reference["files"], str(reference["file"]), str(reference["key"]))
 
 
 def sample_task(rng: random.Random, config: LookupConfig, task_id: str) -> LookupTask:
@@ -172,7 +174,7 @@ def write_task(task: LookupTask, config: LookupConfig, directory: Path) -> Path:
     hidden = directory / "hidden"
     hidden.mkdir(parents=True)
     shutil.copyfile(GRADE_SCRIPT, hidden / "grade.py")
-    (hidden / REFERENCE_FILE).write_text(json.dumps(task.reference(), sort_keys=True, indent=1) + "\n")
+    (hidden / REFERENCE_FILE).write_text(format_reference(task.reference()))
     (directory / "task.yaml").write_text(task_yaml(task, config))
     return directory
 

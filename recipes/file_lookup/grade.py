@@ -1,8 +1,8 @@
 """The file-lookup grader: run over the episode's working copy after the harness exits, standard library only.
 
-The generator ships this file at the top of every task's ``hidden/`` with the task's ``reference.json``; once the
+The generator ships this file at the top of every task's ``hidden/`` with the task's ``reference.txt``; once the
 agent is gone the Env places both in a read-only directory outside the working copy (``$ORCHARD_GRADER_DIR``) and
-runs ``python3 -I "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy. It reads the agent's ``answer.txt`` (the
+runs ``python3 -I -S "$ORCHARD_GRADER_DIR/grade.py"`` in the working copy. It reads the agent's ``answer.txt`` (the
 working copy is input only: nothing of it is imported), writes ``$ORCHARD_GRADER_OUT/signals.json`` and exits 0 only
 when the answer is exactly the reference value.
 
@@ -20,30 +20,76 @@ Signals (all 0 or 1, except ``progress``):
 
 So a value copied from the right file but for the wrong key earns 0.5, a well-formed value from another file (or a
 guess) 0.2, a right value wrapped in extra text (``y=417``) 0.3, no answer 0.
+
+Every episode pays for this process, so it imports nothing beyond what the interpreter loads to start (``-S``: not
+even ``site``): ``json`` alone (with the ``re`` and ``enum`` it pulls in) costs twice a bare start. Hence the
+reference is the line format ``reference.txt`` (``file``, ``key`` and ``answer`` lines, then one ``value <file>
+<key> <value>`` line per value; names and values hold no whitespace) and the signals are written as JSON by hand.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 ANSWER_FILE = "answer.txt"
 OUT_ENV = "ORCHARD_GRADER_OUT"
 SIGNALS_NAME = "signals.json"
-REFERENCE_FILE = Path(__file__).resolve().parent / "reference.json"
+REFERENCE_NAME = "reference.txt"
 RIGHT_FILE_CREDIT = 0.3
 FORMAT_CREDIT = 0.2
 MAX_ANSWER_BYTES = 4096
-VALUE_PATTERN = re.compile(r"^[0-9]{3}$")
-NUMBER = re.compile(r"[0-9]+")
+VALUE_DIGITS = 3
 
 
-def score(answer: str | None, reference: Mapping[str, Any]) -> dict[str, float]:
+def parse_reference(text: str) -> dict[str, object]:
+    """``reference.txt`` as ``{"file", "key", "answer", "files": {file: {key: value}}}``.
+
+    >>> parse_reference("file owl.txt\\nkey y\\nanswer 417\\nvalue owl.txt x 233\\nvalue owl.txt y 417\\n")["files"]
+    {'owl.txt': {'x': '233', 'y': '417'}}
+    """
+    reference: dict[str, object] = {}
+    files: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] in ("file", "key", "answer"):
+            reference[words[0]] = words[1]
+        elif len(words) == 4 and words[0] == "value":
+            files.setdefault(words[1], {})[words[2]] = words[3]
+        elif words:
+            raise SystemExit(f"grade: unreadable line in {REFERENCE_NAME}: {line!r}")
+    missing = [name for name in ("file", "key", "answer") if name not in reference]
+    if missing:
+        raise SystemExit(f"grade: {REFERENCE_NAME} has no {', '.join(missing)} line")
+    reference["files"] = files
+    return reference
+
+
+def format_reference(reference: dict[str, object]) -> str:
+    """The ``reference.txt`` text of ``reference`` (the inverse of ``parse_reference``)."""
+    files = reference["files"]
+    assert isinstance(files, dict)  # noqa: S101 - a programming error, not input
+    rows = [[name, str(reference[name])] for name in ("file", "key", "answer")]
+    rows += [["value", name, key, value] for name in sorted(files) for key, value in sorted(files[name].items())]
+    for row in rows:
+        if any(len(word.split()) != 1 for word in row):
+            raise ValueError(f"reference.txt cannot hold an empty name or value, or whitespace in one: {row!r}")
+    return "".join(" ".join(row) + "\n" for row in rows)
+
+
+def numbers_in(text: str) -> list[str]:
+    """The runs of ASCII digits in ``text``, in order."""
+    found, run = [], ""
+    for char in text + " ":
+        if "0" <= char <= "9":
+            run += char
+        elif run:
+            found.append(run)
+            run = ""
+    return found
+
+
+def score(answer: str | None, reference: dict[str, object]) -> dict[str, float]:
     """The signals of ``answer`` (the content of ``answer.txt``, ``None`` when absent) against ``reference``.
 
     >>> ref = {"file": "owl.txt", "key": "y", "answer": "417", "files": {"owl.txt": {"x": "233", "y": "417"}}}
@@ -51,58 +97,65 @@ def score(answer: str | None, reference: Mapping[str, Any]) -> dict[str, float]:
     (1.0, 0.5, 0.0)
     """
     text = (answer or "").strip()
-    target_values = set(reference["files"][reference["file"]].values())
+    files = reference["files"]
+    assert isinstance(files, dict)  # noqa: S101 - parse_reference built it
+    target_values = set(files[reference["file"]].values())
     written = bool(text)
-    well_formed = bool(VALUE_PATTERN.match(text))
-    numbers = NUMBER.findall(text)
+    numbers = numbers_in(text)
+    well_formed = len(text) == VALUE_DIGITS and numbers == [text]  # three ASCII digits, nothing else
     right_file = len(numbers) == 1 and numbers[0] in target_values  # one value: a list of every number earns nothing
     correct = text == reference["answer"]
     progress = 1.0 if correct else RIGHT_FILE_CREDIT * right_file + FORMAT_CREDIT * well_formed
     return {
-        "answer_written": float(written),
-        "answer_format": float(well_formed),
-        "right_file": float(right_file),
         "answer_correct": float(correct),
+        "answer_format": float(well_formed),
+        "answer_written": float(written),
         "progress": round(progress, 6),
+        "right_file": float(right_file),
     }
 
 
-def within(path: Path, root: Path) -> bool:
+def within(path: str, root: str) -> bool:
     """Whether ``path``, links resolved, is inside ``root`` (an answer linked to the grader's own reference is not)."""
-    try:
-        path.resolve().relative_to(root.resolve())
-    except ValueError:
-        return False
-    return True
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
 
 
-def read_answer(workdir: Path) -> str | None:
+def read_answer(workdir: str) -> str | None:
     """The start of ``answer.txt`` as text, or ``None`` when it is not a readable regular file of the working copy."""
-    path = workdir / ANSWER_FILE
-    if not path.is_file() or not within(path, workdir):  # a FIFO or device would block or never end
+    path = os.path.join(workdir, ANSWER_FILE)
+    if not os.path.isfile(path) or not within(path, workdir):  # a FIFO or device would block or never end
         return None
     try:
-        with path.open("rb") as handle:
+        with open(path, "rb") as handle:
             return handle.read(MAX_ANSWER_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return None
 
 
-def signals_path() -> Path:
+def signals_json(signals: dict[str, float]) -> str:
+    """``signals`` as one line of JSON, keys sorted (what ``json.dumps(signals, sort_keys=True)`` writes)."""
+    return "{" + ", ".join(f'"{name}": {signals[name]!r}' for name in sorted(signals)) + "}\n"
+
+
+def signals_path() -> str:
     """``$ORCHARD_GRADER_OUT/signals.json``; exits with an error naming the variable when it is not set."""
     out = os.environ.get(OUT_ENV)
     if not out:
         raise SystemExit(f"grade: {OUT_ENV} is not set (the Env's Sandbox.run_grader sets it)")
-    return Path(out) / SIGNALS_NAME
+    return os.path.join(out, SIGNALS_NAME)
 
 
 def main() -> int:
     """Grade the current directory; exit status 0 only for a correct answer."""
     target = signals_path()
-    reference = json.loads(REFERENCE_FILE.read_text(encoding="utf-8"))
-    signals = score(read_answer(Path.cwd()), reference)
-    target.write_text(json.dumps(signals, sort_keys=True) + "\n", encoding="utf-8")
-    sys.stdout.write(json.dumps(signals, sort_keys=True) + "\n")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), REFERENCE_NAME), encoding="utf-8") as handle:
+        reference = parse_reference(handle.read())
+    signals = score(read_answer(os.getcwd()), reference)
+    line = signals_json(signals)
+    with open(target, "w", encoding="utf-8") as handle:
+        handle.write(line)
+    sys.stdout.write(line)
     return 0 if signals["answer_correct"] == 1.0 else 1
 
 

@@ -53,6 +53,8 @@ class BrowserAgentAdapter(BuiltinAgentAdapter):
         )
         self.mode, self.chromium = mode, chromium
 
+    files_in_command = False  # its own command: prepare writes the task text and the agent's source
+
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
         """Write the task text and the agent's and apps' modules (the checkout may not be visible in the sandbox:
         a private ``/tmp`` hides a checkout there, and a shared machine may hide it on purpose)."""

@@ -39,7 +39,7 @@ from orchard.harnesses.base import (
     read_state_file_and_changes,
     write_state_file,
 )
-from orchard.harnesses.builtin import AGENT_SOURCE, MAX_ARGUMENT_BYTES
+from orchard.harnesses.builtin import AGENT_SOURCE
 from orchard.harnesses.codex_cli import to_toml
 from orchard.sandbox import ExecResult, FileEntry, Sandbox, SandboxSpec
 from producers.proxy import BackgroundServer
@@ -430,15 +430,26 @@ def test_collecting_from_a_missing_workdir_fails_as_the_two_execs_do(tmp_path: P
         read_state_file_and_changes(box, "builtin", "trajectory.jsonl", "gone")
 
 
-@pytest.mark.parametrize("size", [100, 40_000], ids=["in-one-exec", "too-long-for-an-argument"])
-def test_the_built_in_agents_files_are_written_whole(tmp_path: Path, size: int) -> None:
+@pytest.mark.parametrize(
+    ("size", "files_in_command"),
+    [(100, True), (100, False), (40_000, True)],
+    ids=["by-the-command", "in-one-exec", "too-long-for-an-argument"],
+)
+def test_the_built_in_agents_files_are_written_whole(tmp_path: Path, size: int, files_in_command: bool) -> None:
     box = CountingSandbox(SandboxSpec(sandbox_id="p", run_id="r", episode_id="e", task_id="t"), tmp_path / "box")
     instruction = ("Read -n the 'file' \"$HOME\" %s é\n" * size)[:size] + "\n\n"
     endpoint = ModelEndpoint(base_url="http://127.0.0.1:9/v1", api_key=TOKEN, model=MODEL)
+    adapter = get_adapter("builtin")
+    adapter.files_in_command = files_in_command  # type: ignore[misc]  # as a subclass with its own command sets it
+    task = HarnessTask(instruction=instruction)
 
-    get_adapter("builtin").prepare(box, endpoint, HarnessTask(instruction=instruction))
+    adapter.prepare(box, endpoint, task)
+    prepared = box.execs
+    # the command writes them first when prepare did not (the agent fails at once against port 9: no backend)
+    box.exec(adapter.command(endpoint, task), stdin=adapter.stdin(task), timeout_s=60)
 
-    assert box.execs == (1 if size <= MAX_ARGUMENT_BYTES else 2)
+    assert prepared == {(100, True): 0, (100, False): 1, (40_000, True): 2}[(size, files_in_command)]
+    assert (adapter.stdin(task) == AGENT_SOURCE.read_bytes()) is (prepared == 0)
     assert (box.home / ".orchard/harness/builtin/task.md").read_text() == instruction
     assert (box.home / ".orchard/harness/builtin/builtin_agent.py").read_bytes() == AGENT_SOURCE.read_bytes()
 

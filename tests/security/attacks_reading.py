@@ -34,7 +34,7 @@ ls -la /work /work/* 2>&1 | head -40
 """
 
 READ_OTHER_RUNS = r"""
-timeout 15 find / -xdev -maxdepth 9 -not -path '/proc/*' \( -name reference.json -o -name instance.json \
+timeout 15 find / -xdev -maxdepth 9 -not -path '/proc/*' \( -name 'reference.*' -o -name instance.json \
   -o -name secrets.env -o -name orchard.yaml -o -name 'task.yaml' \) 2>/dev/null | head -60 |
   while read -r f; do echo "== $f"; head -c 2000 "$f" 2>&1; echo; done
 """
@@ -112,7 +112,7 @@ for family, address in ((socket.AF_UNIX, "\\0orchard-victim"), (socket.AF_INET, 
 
 READ_ENV_DIRS = r"""
 for d in @@TASKS@@ @@BUS@@ @@STORE@@ @@RUNTIME_ROOT@@; do echo "== $d"; ls -laR "$d" 2>&1 | head -20; done
-cat @@TASKS@@/*/hidden/.grader/reference.json @@TASKS@@/*/hidden/.grader/instance.json 2>&1 | head -40
+cat @@TASKS@@/*/hidden/.grader/reference.* @@TASKS@@/*/hidden/.grader/instance.json 2>&1 | head -40
 grep -rIs ORCHARD-CANARY @@BUS@@ @@STORE@@ 2>/dev/null | head
 grep -o '/[^ ]*' /proc/self/mountinfo | sort -u | head -80
 """

@@ -24,6 +24,7 @@ from recipes.file_lookup.generate import (
     generate_tasks,
     write_task,
 )
+from recipes.file_lookup.grade import format_reference, parse_reference, signals_json
 from tests.unit.recipes.grader_run import (
     FORGED_SIGNALS,
     plant_forged_results,
@@ -69,11 +70,11 @@ def test_every_task_is_a_valid_orchard_task_with_its_answer_only_in_hidden(tmp_p
     task = LookupTask.from_directory(spec.directory)
     assert task == splits["eval"][0]
     assert (spec.instruction, spec.grade_command, spec.max_steps) == (
-        task.instruction, 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"', 6,
+        task.instruction, 'python3 -I -S "$ORCHARD_GRADER_DIR/grade.py"', 6,
     )  # fmt: skip
     assert sorted(p.name for p in spec.workspace.iterdir()) == sorted(task.files)
     assert (spec.workspace / task.file).read_text() == task.file_text(task.file)
-    assert sorted(tree(spec.hidden)) == ["grade.py", "reference.json"]
+    assert sorted(tree(spec.hidden)) == ["grade.py", "reference.txt"]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["splits"]["train"] == [task.task_id for task in splits["train"]]
 
@@ -135,6 +136,7 @@ def test_planted_modules_and_forged_signals_in_the_working_copy_change_nothing(t
     plant_shadow_modules(work)
     plant_forged_results(work)
     (work / "reference.json").write_text(json.dumps({**TASK.reference(), "answer": "233"}))
+    (work / "reference.txt").write_text(format_reference({**TASK.reference(), "answer": "233"}))
     run = run_grader(task_dir, work, tmp_path / "grader", timeout_s=30)
     assert shadow_imports(work) == []
     assert (run.exit_code, run.signals) == (1, signals(1, 1, 1, 0, 0.5)), run.stderr
@@ -143,9 +145,9 @@ def test_planted_modules_and_forged_signals_in_the_working_copy_change_nothing(t
 
 def test_an_answer_linked_to_the_graders_own_reference_earns_nothing(tmp_path: Path) -> None:
     task_dir, work = working_copy(tmp_path, None)
-    (work / "answer.txt").symlink_to(tmp_path / "grader" / "grader" / "reference.json")  # where run_grader puts it
+    (work / "answer.txt").symlink_to(tmp_path / "grader" / "grader" / "reference.txt")  # where run_grader puts it
     run = run_grader(task_dir, work, tmp_path / "grader", timeout_s=30)
-    assert (tmp_path / "grader" / "grader" / "reference.json").is_file()
+    assert (tmp_path / "grader" / "grader" / "reference.txt").is_file()
     assert (run.exit_code, run.signals) == (1, signals(0, 0, 0, 0, 0.0)), run.stderr
 
 
@@ -213,3 +215,33 @@ def test_the_recipe_records_valid_task_options_with_at_least_200_held_out_tasks_
     options = {k: v for k, v in recipe["tasks"].items() if k not in ("generator", "dir")}
     assert LookupConfig(**options).eval_tasks >= 200
     assert ExpertConfig(**{k: v for k, v in recipe["expert"].items() if k not in ("module", "episodes_per_task")})
+
+
+def test_the_grader_imports_nothing_but_os_beyond_a_bare_interpreter_start(tmp_path: Path) -> None:
+    # every episode pays for the grader's start: json (with re and enum) alone would double a bare start
+    task_dir, work = working_copy(tmp_path, "417\n")
+    (tmp_path / "out").mkdir()
+    command = ["/usr/bin/python3", "-I", "-S", "-X", "importtime"]
+    bare = subprocess.run([*command, "-c", "pass"], capture_output=True, text=True, check=True)  # noqa: S603
+    graded = subprocess.run(  # noqa: S603
+        [*command, str(task_dir / "hidden" / "grade.py")],
+        cwd=work, env={"ORCHARD_GRADER_OUT": str(tmp_path / "out")}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert graded.returncode == 0, graded.stderr
+
+    def modules(stderr: str) -> set[str]:
+        return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+    extra = modules(graded.stderr) - modules(bare.stderr)  # os and its frozen helpers: what site would load
+    assert extra <= {"__future__", "os", "posixpath", "genericpath", "stat", "_stat", "_collections_abc", "abc"}
+
+
+def test_the_graders_reference_and_signals_formats_read_back_exactly() -> None:
+    reference = TASK.reference()
+    assert parse_reference(format_reference(reference)) == reference
+    sample = {"answer_written": 1.0, "right_file": 0.0, "progress": 0.3, "answer_format": 0.0, "answer_correct": 0.0}
+    assert signals_json(sample) == json.dumps(sample, sort_keys=True) + "\n"
+    with pytest.raises(ValueError, match="whitespace"):
+        format_reference({**reference, "answer": "4 17"})
+    with pytest.raises(SystemExit, match="no answer line"):
+        parse_reference("file owl.txt\nkey y\n")
