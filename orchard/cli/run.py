@@ -42,6 +42,18 @@ def run(
     settings: Path | None = typer.Option(
         None, "--settings", exists=True, dir_okay=False, help="YAML whose bus/store sections replace the recipe's."
     ),
+    overlay: list[Path] = typer.Option(  # noqa: B008 - typer's way to declare a repeatable option
+        [],
+        "--overlay",
+        exists=True,
+        dir_okay=False,
+        help="YAML merged over the recipe, key by key (repeatable, in order; paths stay relative to the recipe).",
+    ),
+    set_: list[str] = typer.Option(  # noqa: B008
+        [],
+        "--set",
+        help="PATH=VALUE applied after the overlays, VALUE as YAML (repeatable): --set components.trainer.max_steps=10",
+    ),
     no_live: bool = typer.Option(False, "--no-live", help="Structured log lines instead of the live table."),
     plain: bool = typer.Option(
         False, "--plain", help="A plain line per event and a status line (the default when output is not a terminal)."
@@ -56,10 +68,10 @@ def run(
     from orchard.run.live import BusMetrics
     from orchard.run.supervisor import Supervisor, install_signal_handlers
 
-    directory, config, previous_starts = _prepare(recipe, run_dir, resume)
+    directory, config, previous_starts = _prepare(recipe, run_dir, resume, overlay, set_)
     orchard_config = resolve_orchard_config(config, directory.root, settings)
     _check_same_backends(directory, orchard_config, resumed=resume is not None)
-    _write_run_files(directory, config, orchard_config, recipe_given=recipe is not None)
+    _write_run_files(directory, config, orchard_config, recipe_given=bool(recipe or overlay or set_))
     check_components(config, directory.root, directory.orchard_config)
     configure_logging(orchard_config.log_format, orchard_config.log_level)
     if config.create_topics:
@@ -168,8 +180,11 @@ def _report(outcome: str, reason: str, failing: list[str], code: int, seconds: f
                   highlight=False, soft_wrap=True)  # fmt: skip
 
 
-def _prepare(recipe: Path | None, run_dir: Path | None, resume: Path | None) -> tuple[RunDir, RunConfig, int]:
-    """The run directory, the validated recipe, and how many times the run was started before."""
+def _prepare(
+    recipe: Path | None, run_dir: Path | None, resume: Path | None, overlays: list[Path], sets: list[str]
+) -> tuple[RunDir, RunConfig, int]:
+    """The run directory, the validated recipe (overlays and ``--set`` applied), and how many times the run was
+    started before."""
     from orchard.run.supervisor import ensure_not_running
 
     if resume is not None and run_dir is not None:
@@ -179,13 +194,13 @@ def _prepare(recipe: Path | None, run_dir: Path | None, resume: Path | None) -> 
         source = recipe or directory.recipe
         if not source.exists():
             raise RunError(f"{resume} is not a run directory: it has no {directory.recipe.name}")
-        return directory, load_run_config(source), ensure_not_running(directory)
+        return directory, load_run_config(source, overlays, sets), ensure_not_running(directory)
     if recipe is None:
         raise RunError("give a RECIPE to start a run, or --resume RUN_DIR to continue one")
     directory = RunDir(run_dir or default_run_dir(recipe))
     if directory.state.exists():
         raise RunError(f"{directory.root} already holds a run; continue it with --resume {directory.root}")
-    config = load_run_config(recipe)
+    config = load_run_config(recipe, overlays, sets)
     (directory.root / "logs").mkdir(parents=True, exist_ok=True)
     return directory, config, 0
 

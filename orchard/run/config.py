@@ -19,16 +19,16 @@ without touching the recipe. Relative paths in a recipe are relative to the reci
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from consumers.config import ConsumersConfig
 from orchard.config import BusConfig, StoreConfig, describe_validation_error
 from orchard.exceptions import ConfigError
+from orchard.run.recipe_layers import layered_recipe
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -488,10 +488,8 @@ def parse_run_config(data: Any, source: str, base_dir: Path | None = None) -> Ru
     return config
 
 
-def load_run_config(path: Path) -> RunConfig:
-    """Read and validate the recipe at ``path``."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read recipe {path}: {exc}") from exc
-    return parse_run_config(data, str(path), Path(path).resolve().parent)
+def load_run_config(path: Path, overlays: Sequence[Path] = (), sets: Sequence[str] = ()) -> RunConfig:
+    """Read and validate the recipe at ``path``, with ``overlays`` merged over it and ``sets`` (``PATH=VALUE``)
+    applied (``orchard.run.recipe_layers``); relative paths are relative to ``path``."""
+    source = " + ".join([str(path), *map(str, overlays), *(f"--set {s}" for s in sets)])
+    return parse_run_config(layered_recipe(path, overlays, sets), source, Path(path).resolve().parent)
