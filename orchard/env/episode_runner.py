@@ -9,6 +9,10 @@ Order matters for what the trainers may trust:
 4. only then are the hidden files copied in and the grader run;
 5. the outcome is published (and acknowledged), and the sandbox deleted.
 
+The outcome's ``model_call_counts`` are the proxy's counts at close (``CALL_COUNTS``): every call it received, and
+what became of each (recorded, abandoned by the harness, refused or failed by the backend, ...); they add up to
+``received``. An episode stopped before it finished (``report``) gets them too, when its proxy episode closes.
+
 A request naming an unknown task or harness, or harness options its adapter refuses, is refused by ``check`` at
 submission. Failures of the platform (no sandbox, no proxy) raise ``InfrastructureError`` and the scheduler retries;
 a harness that crashes (killed by a signal: exit status 128 + N) or cannot start yields a ``CRASHED`` outcome without
@@ -58,6 +62,8 @@ NOT_STARTED_EXIT_CODES = frozenset({126, 127})
 """The shell's "found but not executable" and "not found": the harness never ran."""
 CRASH_EXIT_CODES = NOT_STARTED_EXIT_CODES | frozenset(range(128, 256))
 """Harness exit statuses that mean ``CRASHED``: it could not start, or a signal killed it (``128 + N``)."""
+CALL_COUNTS = ("recorded", "pending", "failed", "dropped", "abandoned", "refused", "backend_failed", "in_flight")
+"""The proxy's counts (``calls_<name>`` in its episode summary) that add up to its ``calls_received``."""
 STDERR_LINES = 12
 STDERR_IN_ERROR = 2000
 """How much of the end of a crashed harness's stderr the outcome's ``error`` keeps: its last lines, at most this many
@@ -116,6 +122,7 @@ class LocalEpisodeRunner:
         self.codec = Codec.default()
         self._started: dict[str, int] = {}
         self._calls: dict[str, int] = {}
+        self._counts: dict[str, dict[str, int]] = {}
         self._versions: dict[str, int | None] = {}
 
     def check(self, request: dict[str, Any]) -> None:
@@ -156,10 +163,12 @@ class LocalEpisodeRunner:
             await asyncio.to_thread(self.runtime.delete, sandbox.spec.sandbox_id)
 
     def _note_calls(self, episode: Episode, summary: dict[str, Any]) -> int:
-        """Keep the proxy's count of recorded calls and last policy version; return the calls it received."""
-        self._calls[episode.episode_id] = int(summary.get("calls_recorded", 0))
+        """Keep the proxy's call counts and last policy version for the outcome; return the calls it received."""
+        counts = model_call_counts(summary)
+        self._calls[episode.episode_id] = counts["recorded"]
+        self._counts[episode.episode_id] = counts
         self._versions[episode.episode_id] = summary.get("last_policy_version")
-        return int(summary.get("calls_received", self._calls[episode.episode_id]))
+        return counts["received"]
 
     async def _ungraded(
         self, episode: Episode, state: EpisodeState, run: HarnessRun, received: int, emit: EventSink
@@ -190,7 +199,7 @@ class LocalEpisodeRunner:
     async def report(self, episode: Episode, state: EpisodeState, error: str | None) -> None:
         """Close what is open and publish the outcome of an episode that did not finish."""
         try:
-            await self.proxy.close_episode(episode.episode_id)
+            self._note_calls(episode, await self.proxy.close_episode(episode.episode_id))
         except InfrastructureError as exc:
             log.warning("closing the proxy episode failed", episode=episode.episode_id, error=str(exc))
         await asyncio.to_thread(self.runtime.delete, _sandbox_id(episode))
@@ -246,6 +255,7 @@ class LocalEpisodeRunner:
             "success": bool(verdict and verdict.success),
             "signals": verdict.signals if verdict else {},
             "num_model_calls": self._calls.pop(episode.episode_id, 0),
+            "model_call_counts": self._counts.pop(episode.episode_id, None),
             "artifact_uris": [],
             "policy_version": self._versions.pop(episode.episode_id, None),
             "started_at": self._started.pop(episode.episode_id, now_ms()),
@@ -254,6 +264,17 @@ class LocalEpisodeRunner:
         }
         value = self.codec.encode("EpisodeOutcome", record)
         await asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
+
+
+def model_call_counts(summary: dict[str, Any]) -> dict[str, int]:
+    """The outcome's ``model_call_counts`` from the proxy's episode summary (a count it does not report is 0).
+
+    >>> counts = model_call_counts({"calls_received": 3, "calls_recorded": 1, "calls_abandoned": 1, "calls_refused": 1})
+    >>> counts["received"] == sum(counts[name] for name in CALL_COUNTS), counts["abandoned"], counts["failed"]
+    (True, 1, 0)
+    """
+    counts = {name: int(summary.get(f"calls_{name}", 0)) for name in CALL_COUNTS}
+    return {"received": int(summary.get("calls_received", sum(counts.values())))} | counts
 
 
 def _threadsafe_phases(emit: EventSink) -> PhaseHook:

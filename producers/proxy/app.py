@@ -104,7 +104,7 @@ class RecordingProxy:
         session = self.episodes.authenticate(api_key(request))
         raw = await read_body(request, self.settings.max_request_bytes)
         parsed = parse_messages_request(raw) if flavour == "MESSAGES" else parse_request(raw, flavour)
-        return await self.forwarder.forward(session, parsed, started, received_ms)
+        return await self.forwarder.forward(session, parsed, started, received_ms, lambda: hung_up(request.receive))
 
     async def count_tokens(self, request: Request) -> Response:
         """``/v1/messages/count_tokens``: the prompt's tokens as the backend renders it (nothing is recorded)."""
@@ -155,6 +155,13 @@ async def read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise RequestTooLargeError(f"request body is over the limit of {limit} bytes")
     return bytes(body)
+
+
+async def hung_up(receive: Receive) -> None:
+    """Return once the harness has closed its connection (call it after the request's body has been read: the ASGI
+    server then sends nothing more until the client disconnects)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 MODEL_CALL_ROUTES: dict[str, ApiFlavour] = {

@@ -38,8 +38,9 @@ log = get_logger("proxy.episodes")
 
 EpisodeState = Literal["active", "expired", "closing", "closed"]
 Unrecorded = Literal["abandoned", "refused", "backend_failed"]
-"""Why an accepted call was not answered with something to record: the harness went away before the answer was
-complete; the backend refused it (4xx); the backend failed (5xx, a timeout, unreachable, no valid token trace)."""
+"""Why an accepted call was not answered with something to record: the harness went away (closed its connection)
+before the answer was complete; the backend refused it (4xx); the backend failed (5xx, a timeout, unreachable, no
+valid token trace)."""
 
 
 class EpisodeSpec(BaseModel):
@@ -85,7 +86,9 @@ class EpisodeSummary(BaseModel):
     calls_pending: int = Field(description="ModelCalls produced, not yet acknowledged.")
     calls_failed: int = Field(description="Answered calls that failed to publish, or the bus did not deliver.")
     calls_dropped: int = Field(description="Answered calls not recorded because the episode was closing.")
-    calls_abandoned: int = Field(0, description="Calls the harness hung up on before their answer was complete.")
+    calls_abandoned: int = Field(
+        0, description="Calls the harness hung up on (closed its connection) before their answer was complete."
+    )
     calls_refused: int = Field(0, description="Calls the backend refused (a 4xx, passed on to the harness).")
     calls_backend_failed: int = Field(
         0, description="Calls the backend failed: a 5xx, a timeout, unreachable, or no valid token trace."
@@ -187,8 +190,12 @@ class EpisodeSession:
                     return
                 call = replace(call, request=replace(call.request, messages=messages))
             await self.sequencer.wait_turn(ticket)
-            self.record(call)
+            self.record(call)  # counts each completion: recorded (once acknowledged), failed or dropped
+        except asyncio.CancelledError:  # the proxy is stopping before the call's turn came
+            self.dropped += len(call.completions)
+            raise
         except Exception:
+            self.publish_failed += len(call.completions)
             self.log.exception("recording failed")
         finally:
             self.sequencer.release(ticket)

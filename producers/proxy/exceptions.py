@@ -3,8 +3,8 @@
 
 The body is always ``{"error": {"message", "type", "param", "code"}}``, the shape OpenAI clients parse, with the
 HTTP status a client expects: 400 bad request, 401 unknown token, 404/409 admin lookups, 413 oversized body, 502 a
-backend that failed or answered without a token trace, 504 a backend that timed out. A backend's own 4xx is passed
-through unchanged (``BackendRejectedError``).
+backend that failed or answered without a token trace, 504 a backend that timed out (and 499, read by no one, for a
+harness that hung up before its answer). A backend's own 4xx is passed through unchanged (``BackendRejectedError``).
 """
 
 from __future__ import annotations
@@ -79,6 +79,12 @@ class BackendTimeoutError(ProxyError):
     """The backend did not answer within ``request_timeout_s``."""
 
     status, error_type, code = 504, "server_error", "backend_timeout"
+
+
+class HarnessGoneError(ProxyError):
+    """The harness closed its connection before its call was answered (the answer has no one to go to)."""
+
+    status, error_type, code = 499, "invalid_request_error", "client_closed_request"
 
 
 class RecordingIncompleteError(ProxyError):

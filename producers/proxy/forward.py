@@ -4,12 +4,15 @@ Each accepted request takes a ticket of its episode's ``CallSequencer`` at once,
 they arrived. A non-streamed answer is parsed, stripped of its trace and returned; its recording is queued. A stream
 is relayed event by event as it arrives; the call is recorded when the backend's stream ends, just before its last
 batch is sent (from the same ``Completion`` a non-streamed answer gives). A call is recorded only when the backend
-answered with a valid trace and, for a stream, the harness stayed until the backend's stream ended; otherwise its
-ticket is released and nothing is recorded, and the episode counts why (``EpisodeSession.give_up``): the
-harness went away (abandoned), the backend refused the call with a 4xx (refused), or the backend failed, timed out,
-was unreachable or answered without a valid trace (backend failed). An error in the middle of a stream, once headers
-are sent, reaches the harness as a last event: ``data: {"error": ...}`` on chat completions, ``response.failed`` on
-the Responses API, an ``error`` event on the Messages API.
+answered with a valid trace and the harness stayed for the answer (for a stream, until the backend's stream ended);
+otherwise its ticket is released and nothing is recorded, and the episode counts why (``EpisodeSession.give_up``):
+the harness went away (abandoned: it closed its connection while the proxy waited for the backend, or during the
+stream), the backend refused the call with a 4xx (refused), or the backend failed, timed out, was unreachable or
+answered without a valid trace (backend failed). While the backend works on a call, the proxy listens for the
+harness's hang-up (``until_hung_up``; once a stream is relayed, Starlette's response does) and then cancels the
+backend request: an answer no harness read is never recorded as a step of its episode. An error in the middle of a
+stream, once headers are sent, reaches the harness as a last event: ``data: {"error": ...}`` on chat completions,
+``response.failed`` on the Responses API, an ``error`` event on the Messages API.
 
 A Messages call is forwarded as the chat completion it was translated into and answered as a Message
 (``messages_reply``), or relayed as a Messages stream (``messages_stream``).
@@ -19,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from pydantic_core import to_json
 from starlette.responses import Response, StreamingResponse
@@ -37,7 +40,7 @@ from producers.proxy.completion import (
     responses_completion,
 )
 from producers.proxy.episodes import AnsweredCall, EpisodeSession, Unrecorded
-from producers.proxy.exceptions import BackendRejectedError, ProxyError
+from producers.proxy.exceptions import BackendRejectedError, HarnessGoneError, ProxyError
 from producers.proxy.messages_reply import messages_reply
 from producers.proxy.messages_stream import MessagesStreamAssembler
 from producers.proxy.request import ModelRequest
@@ -45,6 +48,9 @@ from producers.proxy.sse import iter_event_batches
 from producers.proxy.upstream import UpstreamResponse
 
 log = get_logger("proxy.forward")
+T = TypeVar("T")
+HangUp = Callable[[], Awaitable[object]]
+"""Returns once the harness has closed its connection (never while it stays)."""
 
 
 class CallForwarder:
@@ -55,14 +61,20 @@ class CallForwarder:
         self.backend = backend
 
     async def forward(
-        self, session: EpisodeSession, request: ModelRequest, started: float, received_ms: int
+        self,
+        session: EpisodeSession,
+        request: ModelRequest,
+        started: float,
+        received_ms: int,
+        hung_up: HangUp | None = None,
     ) -> Response:
-        """Answer one call; ``started`` is its ``perf_counter`` at arrival, ``received_ms`` its wall-clock time."""
+        """Answer one call; ``started`` is its ``perf_counter`` at arrival, ``received_ms`` its wall-clock time,
+        ``hung_up`` returns when the harness closes its connection (then the call is abandoned)."""
         ticket = session.take_ticket()
         try:
             if request.stream:
-                return await self._open_relay(session, request, ticket, started, received_ms)
-            body = await self.backend.post(request.path, request.raw, session.spec.episode_id)
+                return await self._open_relay(session, request, ticket, (started, received_ms), hung_up)
+            body = await until_hung_up(self.backend.post(request.path, request.raw, session.spec.episode_id), hung_up)
             completions, answer = answered(request, body)
             content = to_json(answer)
         except BaseException as exc:
@@ -73,11 +85,35 @@ class CallForwarder:
         return Response(content, media_type="application/json")
 
     async def _open_relay(
-        self, session: EpisodeSession, request: ModelRequest, ticket: int, started: float, received_ms: int
+        self,
+        session: EpisodeSession,
+        request: ModelRequest,
+        ticket: int,
+        timing: tuple[float, int],
+        hung_up: HangUp | None,
     ) -> Response:
-        upstream = await self.backend.open_stream(request.path, request.raw, session.spec.episode_id)
-        relay = _StreamRelay(self, session, request, ticket, upstream, (started, received_ms))
+        opening = self.backend.open_stream(request.path, request.raw, session.spec.episode_id)
+        upstream = await until_hung_up(opening, hung_up)  # once relaying, Starlette's response listens for it
+        relay = _StreamRelay(self, session, request, ticket, upstream, timing)
         return _RelayResponse(relay.events(), relay.close)
+
+
+async def until_hung_up(work: Coroutine[Any, Any, T], hung_up: HangUp | None) -> T:
+    """What ``work`` returns, unless the harness hangs up first: then ``work`` is cancelled (closing its backend
+    connection) and ``HarnessGoneError`` raised."""
+    if hung_up is None:
+        return await work
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and watch.exception() is None:
+            task.cancel()
+            await asyncio.wait((task,))
+            raise HarnessGoneError("the harness closed its connection before the answer came")
+        return await task  # done, or the watch failed (then the call goes on as if no one listened)
+    finally:
+        watch.cancel()
+        task.cancel()
 
 
 def answered(request: ModelRequest, body: dict[str, Any]) -> tuple[list[Completion], dict[str, Any]]:
@@ -92,7 +128,7 @@ def answered(request: ModelRequest, body: dict[str, Any]) -> tuple[list[Completi
 
 def unrecorded_reason(exc: BaseException) -> Unrecorded:
     """Why a call that raised ``exc`` before it was answered is not recorded."""
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, asyncio.CancelledError | HarnessGoneError):
         return "abandoned"
     return "refused" if isinstance(exc, BackendRejectedError) else "backend_failed"
 

@@ -32,6 +32,7 @@ from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
+from orchard.env.episode_runner import CALL_COUNTS
 from orchard.env.scheduler import EpisodeState
 from orchard.harnesses import HarnessRun, HarnessTask, ModelEndpoint, get_adapter, register_adapter, run_harness
 from orchard.harnesses.claude_code import ClaudeCodeAdapter
@@ -202,6 +203,11 @@ def diagnostics(run: HarnessRun) -> str:
     return f"stderr:\n{run.artifacts.logs.get('stderr', '')[-2000:]}\ntrajectory:\n{trajectory}"
 
 
+def all_recorded(calls: int) -> dict[str, int]:
+    """The call counts of an episode whose ``calls`` were all recorded (the outcome's ``model_call_counts``)."""
+    return {"received": calls, **dict.fromkeys(CALL_COUNTS, 0), "recorded": calls}
+
+
 def assert_recorded_token_exactly(done: ProxiedRun, plan: ScriptedPlan, harness_api: str) -> None:
     """Every call is a record, in order, holding the tokens and logprobs the backend served for it."""
     traces = replay_traces(plan, EPISODE, [request["body"] for request in done.backend.requests])
@@ -235,8 +241,8 @@ def test_a_harness_completes_a_task_through_the_proxy_recorded_token_exactly(
     assert [m["role"] for m in bodies[0]["messages"]] == ["system", "user"]  # no system turn among the messages
     assert INSTRUCTION in json.dumps(bodies[0]["messages"][-1])
     # every call received was recorded, token for token what the backend served
-    counts = ("calls_received", "calls_recorded", "calls_failed", "calls_refused", "calls_abandoned", "conversations")
-    assert [done.summary[key] for key in counts] == [len(steps), len(steps), 0, 0, 0, case.conversations]
+    counts = {name: done.summary[f"calls_{name}"] for name in ("received", *CALL_COUNTS)}
+    assert (counts, done.summary["conversations"]) == (all_recorded(len(steps)), case.conversations)
     assert_recorded_token_exactly(done, plan, case.harness_api)
     assert {r["harness"] for r in done.records} == {case.harness}
     # its own trajectory: the events it printed (and its session file, where it writes one), outside the working copy
@@ -323,4 +329,5 @@ def test_a_harness_resolves_a_suite_task_through_the_env_and_the_grader(
     assert (outcome["episode_id"], outcome["status"], outcome["reward"], outcome["num_model_calls"]) == (
         episode_id, "SUCCEEDED", 1.0, steps,
     )  # fmt: skip
+    assert outcome["model_call_counts"] == all_recorded(steps)
     assert stack["runtime"].list() == []

@@ -383,7 +383,7 @@ def test_bad_requests_get_openai_errors_and_nothing_is_recorded(start_proxy: Cal
     # none of them reached the backend: the first real call gets the plan's first step
     assert harness.chat([{"role": "user", "content": "x"}])["choices"][0]["message"]["content"] == "Looking around."
     summary = proxy.close("bad-requests").json()
-    assert (summary["calls_received"], summary["calls_recorded"]) == (1, 1)
+    assert (summary["calls_received"], counts(summary)) == (1, {"recorded": 1})  # refused before forwarding: no calls
     assert len(proxy.records()) == 1
 
 
@@ -403,7 +403,7 @@ def test_backend_down_is_502_and_backend_timeout_is_504(start_proxy: Callable[..
             harness.client.post("/chat/completions", json=body | {"stream": stream}), 502, "backend_unavailable"
         )
     assert_openai_error(harness.client.get("/models"), 502, "backend_unavailable")
-    assert down.close("backend-down").json()["calls_recorded"] == 0
+    assert counts(down.close("backend-down").json()) == {"backend_failed": 2}  # /models is not a model call
 
     slow_plan = ScriptedPlan(steps=[ScriptedStep(text="late", delay_s=5)] * 2)
     with BackgroundServer(create_scripted_app(slow_plan), timeout_graceful_shutdown=0.1) as slow:
@@ -414,7 +414,7 @@ def test_backend_down_is_502_and_backend_timeout_is_504(start_proxy: Callable[..
             response = harness.client.post("/responses", json={"model": "p", "input": "hi", "stream": stream})
             assert_openai_error(response, 504, "backend_timeout")
             assert time.perf_counter() - started < 2
-        assert proxy.close("backend-slow").json()["calls_recorded"] == 0
+        assert counts(proxy.close("backend-slow").json()) == {"backend_failed": 2}
         assert down.records() == proxy.records() == []
 
 
@@ -463,13 +463,17 @@ def test_backend_answers_without_a_valid_trace_or_with_errors(
     mode["chat"] = "bad-trace"
     assert_openai_error(harness.client.post("/chat/completions", json=body), 502, "invalid_trace")
     mode["chat"] = "reject"
-    rejected = harness.client.post("/chat/completions", json=body)
-    assert (rejected.status_code, rejected.json()["error"]["code"]) == (429, "rate")  # passed through
+    for stream in (False, True):
+        rejected = harness.client.post("/chat/completions", json=body | {"stream": stream})
+        assert (rejected.status_code, rejected.json()["error"]["code"]) == (429, "rate")  # passed through
     mode["chat"] = "crash"
-    assert_openai_error(harness.client.post("/chat/completions", json=body), 502, "backend_error")
+    for stream in (False, True):
+        assert_openai_error(
+            harness.client.post("/chat/completions", json=body | {"stream": stream}), 502, "backend_error"
+        )
     assert "engine died" in harness.client.post("/chat/completions", json=body).json()["error"]["message"]
     summary = proxy.close("stub").json()
-    assert (summary["calls_received"], summary["calls_recorded"]) == (6, 0)
+    assert (summary["calls_received"], counts(summary)) == (8, {"refused": 2, "backend_failed": 6})
     assert proxy.records() == []
 
 
@@ -635,13 +639,20 @@ def test_backend_failures_on_messages_routes_are_anthropic_errors_and_are_counte
 
 @pytest.fixture(scope="module")
 def trickle_backend() -> Iterator[BackgroundServer]:
-    """A backend whose streams pause for a second after their first chunk."""
+    """A slow backend: a plain answer comes after a second; a stream pauses for a second after its first chunk, or
+    before it starts when the last message says ``wait``."""
     app = FastAPI()
     trace = TokenTrace(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[0.0], policy_version=0)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        head = {"id": "x", "object": "chat.completion.chunk"}
+        body, head = await request.json(), {"id": "x", "object": "chat.completion.chunk"}
+        if not body.get("stream"):
+            await asyncio.sleep(1.0)
+            choice = {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+            return JSONResponse({"id": "x", "object": "chat.completion", "choices": [choice]} | trace.as_field())
+        if body["messages"][-1]["content"] == "wait":
+            await asyncio.sleep(1.0)
         first = head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
         last = head | {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
 
@@ -656,24 +667,37 @@ def trickle_backend() -> Iterator[BackgroundServer]:
         yield server
 
 
-def test_calls_the_harness_abandons_are_counted(
+def test_calls_the_harness_abandons_are_counted_and_never_recorded(
     start_proxy: Callable[..., Proxy], trickle_backend: BackgroundServer
 ) -> None:
+    """A harness that hangs up while the backend works on its call (not streamed, before its stream starts, or in
+    the middle of it) abandons the call: the proxy notices the hang-up, records nothing and counts it abandoned."""
     proxy = start_proxy(backend_base_url=f"{trickle_backend.url}/v1")
     harness = proxy.open("abandoned")
-    chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    calls = [(harness.client, "/chat/completions", chat), (harness.anthropic, "/messages", chat | {"max_tokens": 9})]
+    hi, wait = [{"role": "user", "content": "hi"}], [{"role": "user", "content": "wait"}]
+    chat, messages = {"model": "policy", "messages": hi}, {"model": "policy", "messages": hi, "max_tokens": 9}
+    calls = [
+        (harness.client, "/chat/completions", chat),
+        (harness.anthropic, "/messages", messages),
+        (harness.client, "/chat/completions", chat | {"messages": wait, "stream": True}),
+        (harness.anthropic, "/messages", messages | {"messages": wait, "stream": True}),
+        (harness.client, "/chat/completions", chat | {"stream": True}),
+        (harness.anthropic, "/messages", messages | {"stream": True}),
+    ]
     for client, path, body in calls:
         with pytest.raises(httpx.ReadTimeout):
-            client.post(path, json=body, timeout=0.2)  # the harness gives up mid-stream and hangs up
-    assert assemble_message(harness.anthropic.post("/messages", json=calls[1][2]).text)["content"] == [
-        {"type": "text", "text": "hi"}
-    ]
+            client.post(path, json=body, timeout=0.2)  # the harness gives up before the answer and hangs up
     deadline = time.monotonic() + 10
     while (summary := proxy.admin.get("/admin/episodes/abandoned").json())["calls_in_flight"]:
         assert time.monotonic() < deadline, summary
         time.sleep(0.05)
-    assert counts(proxy.close("abandoned").json()) == {"abandoned": 2, "recorded": 1}
+    assert counts(summary) == {"abandoned": len(calls)}
+    assert harness.chat(hi)["choices"][0]["message"]["content"] == "hi"
+    assert assemble_message(harness.anthropic.post("/messages", json=messages | {"stream": True}).text)["content"] == [
+        {"type": "text", "text": "hi"}
+    ]
+    assert counts(proxy.close("abandoned").json()) == {"abandoned": len(calls), "recorded": 2}
+    assert [(r["call_index"], r["harness_api"]) for r in proxy.records("abandoned")] == [(0, "CHAT"), (1, "MESSAGES")]
 
 
 # ------------------------------------------------------------------------------------------------ closing

@@ -227,7 +227,7 @@ def test_encode_checks_complex_fields_with_fastavro() -> None:
         "started_at": T0,
         "ended_at": T0,
     }
-    with pytest.raises(SchemaValidationError, match=r"EpisodeOutcome v1: .*signals"):
+    with pytest.raises(SchemaValidationError, match=r"EpisodeOutcome v2: .*signals"):
         Codec.default().encode("EpisodeOutcome", outcome)
 
 
@@ -360,7 +360,7 @@ def test_shipped_catalog_has_every_record() -> None:
         "Trajectory",
     ]
     assert [(sv.name, sv.version) for sv in catalog] == sorted(
-        [(name, 1) for name in catalog.names()] + [("ModelCall", 2), ("StepScore", 2)]
+        [(name, 1) for name in catalog.names()] + [("EpisodeOutcome", 2), ("ModelCall", 2), ("StepScore", 2)]
     )
     assert catalog.by_fingerprint(catalog.current("ModelCall").fingerprint) is catalog.current("ModelCall")
 

@@ -60,6 +60,17 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "success": True,
         "signals": {"tests_passed_fraction": 1.0, "patch_lines": 14.0},
         "num_model_calls": 23,
+        "model_call_counts": {
+            "received": 27,
+            "recorded": 23,
+            "pending": 0,
+            "failed": 0,
+            "dropped": 0,
+            "abandoned": 1,
+            "refused": 2,
+            "backend_failed": 1,
+            "in_flight": 0,
+        },
         "artifact_uris": [
             "s3://orchard/runs/swe-rl/ep-7f3a91/patch.diff",
             "s3://orchard/runs/swe-rl/ep-7f3a91/log.txt",
@@ -179,6 +190,27 @@ def test_step_score_v1_records_read_as_v2_with_no_count_and_v2_records_read_as_v
     unsaid = old | {"episode_score_count": None}
     assert v2.decode(v1.encode("StepScore", old)) == DecodedRecord("StepScore", 1, 2, unsaid)
     assert v1.decode(v2.encode("StepScore", SAMPLES["StepScore"])) == DecodedRecord("StepScore", 2, 1, old)
+
+
+def test_episode_outcome_v1_records_read_as_v2_with_no_call_counts_and_v2_records_read_as_v1() -> None:
+    v1, v2 = Codec(SchemaCatalog.load(), versions={"EpisodeOutcome": 1}), Codec.default()
+    old = {key: value for key, value in SAMPLES["EpisodeOutcome"].items() if key != "model_call_counts"}
+    unsaid = old | {"model_call_counts": None}
+    assert v2.decode(v1.encode("EpisodeOutcome", old)) == DecodedRecord("EpisodeOutcome", 1, 2, unsaid)
+    assert v1.decode(v2.encode("EpisodeOutcome", SAMPLES["EpisodeOutcome"])) == DecodedRecord(
+        "EpisodeOutcome", 2, 1, old
+    )
+    assert v2.decode(v2.encode("EpisodeOutcome", old)).record == unsaid  # a writer that knows no counts
+
+
+def test_episode_outcome_call_counts_add_up_to_the_calls_received() -> None:
+    counts = SAMPLES["EpisodeOutcome"]["model_call_counts"]
+    fields = next(f for f in schema_json("EpisodeOutcome")["fields"] if f["name"] == "model_call_counts")
+    names = [f["name"] for f in fields["type"][1]["fields"]]
+    assert names == ["received", "recorded", "pending", "failed", "dropped", "abandoned", "refused", "backend_failed",
+                     "in_flight"]  # fmt: skip
+    assert counts["received"] == sum(counts[name] for name in names[1:])
+    assert counts["recorded"] == SAMPLES["EpisodeOutcome"]["num_model_calls"]
 
 
 def without_api(record: dict[str, Any]) -> dict[str, Any]:

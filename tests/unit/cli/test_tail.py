@@ -94,7 +94,7 @@ def test_a_trajectory_shows_its_calls_and_outcome_as_decoded_records(recorded, m
     ]
     assert record["calls"][0]["record"]["response_tool_calls_json"][0]["function"]["name"] == "shell"
     outcome = CODEC.decode(episode.outcome.value).record
-    assert record["outcome"]["schema"] == "EpisodeOutcome/v1"
+    assert record["outcome"]["schema"] == "EpisodeOutcome/v2"
     assert {k: record["outcome"]["record"][k] for k in ("episode_id", "reward", "status", "signals")} == {
         "episode_id": "ep-a", "reward": outcome["reward"], "status": outcome["status"], "signals": outcome["signals"],
     }  # fmt: skip
