@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Consumer, open_bus
@@ -41,7 +41,6 @@ from orchard.topics import POLICY_VERSIONS, TOPICS_BY_NAME
 if TYPE_CHECKING:
     from orchard.config import OrchardConfig
     from orchard.engines.config import PolicyUpdatesConfig
-    from orchard.engines.local import LocalEngine
 
 log = get_logger("engines.reload")
 
@@ -57,12 +56,26 @@ class ReloadEvent:
     record_received_at: float = field(default_factory=time.time)
 
 
+class ReloadTarget(Protocol):
+    """What the reloader needs of an engine: the version it serves and a way to serve another. ``LocalEngine`` and
+    the vLLM backend (``VLLMBackend``: a hot swap through vLLM's weight-update route) are both one."""
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version being served (0: the starting weights)."""
+        ...
+
+    def load_version(self, directory: Path, version: int) -> None:
+        """Serve the verified weights in ``directory`` as ``version`` (old requests finish on the old weights)."""
+        ...
+
+
 class PolicyReloader:
-    """Applies new policy versions to a ``LocalEngine``; see the module docstring."""
+    """Applies new policy versions to an engine (``ReloadTarget``); see the module docstring."""
 
     def __init__(
         self,
-        engine: LocalEngine,
+        engine: ReloadTarget,
         bus: Bus,
         store: ArtifactStore,
         *,
@@ -208,7 +221,7 @@ class PolicyReloader:
         self.store.download_version(self._artifact, version, target, verify=True)
 
 
-def open_reloader(engine: LocalEngine, config: PolicyUpdatesConfig, orchard_config: OrchardConfig) -> PolicyReloader:
+def open_reloader(engine: ReloadTarget, config: PolicyUpdatesConfig, orchard_config: OrchardConfig) -> PolicyReloader:
     """A reloader on the bus and store of ``orchard_config`` (it closes them when stopped)."""
     bus = open_bus(orchard_config.bus)
     try:

@@ -549,7 +549,7 @@ def serve_vllm(config: EngineConfig, orchard_config: OrchardConfig) -> None:
         backend = build_backend(config, url, local_dir)
         reloader = None
         if config.policy_updates.enabled:
-            reloader = open_reloader(backend, config.policy_updates, orchard_config)  # type: ignore[arg-type]
+            reloader = open_reloader(backend, config.policy_updates, orchard_config)
         app = create_vllm_app(backend, reloader=reloader)
         log.info("vLLM engine serving", host=config.host, port=config.port, vllm=url, model=backend.served_name)
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none")
