@@ -1,9 +1,11 @@
 """Typed configuration: pydantic models loadable from YAML and ``ORCHARD_*`` environment variables.
 
 Backends are chosen by a ``type``-tagged union, so a bad value fails at start with the field named. A backend's
-settings without a ``type`` mean the default backend (``ORCHARD_BUS__PATH=/data/bus`` alone is an embedded bus); when
-they name fields only another backend has, the error says which ``type`` to set (``ORCHARD_BUS__BOOTSTRAP_SERVERS``
-alone: set ``ORCHARD_BUS__TYPE=kafka``).
+settings without a ``type`` mean the default backend when they fit it (``ORCHARD_BUS__PATH=/data/bus`` alone is an
+embedded bus); otherwise the error says ``type`` is missing and lists the allowed types, naming the one to set when
+another backend has every setting given (``ORCHARD_BUS__BOOTSTRAP_SERVERS`` alone: set ``ORCHARD_BUS__TYPE=kafka``).
+The same holds for keyword overrides; a layer (file, environment, overrides) that gives a section another ``type``
+replaces the section of the layers below.
 Secrets (S3 keys) are ``SecretStr`` and are meant to come from the environment, never from files in git.
 Nested fields are set from the environment with ``__``: ``ORCHARD_BUS__TYPE=kafka``,
 ``ORCHARD_BUS__BOOTSTRAP_SERVERS=host:9092``, ``ORCHARD_STORE__SECRET_KEY=...``.
@@ -21,9 +23,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from orchard.exceptions import ConfigError
 
@@ -39,38 +50,51 @@ def _tag(variant: type[BaseModel]) -> str:
 
 
 def default_type(*variants: type[BaseModel]) -> BeforeValidator:
-    """For a union of ``variants`` keyed by ``type``: settings without a ``type`` are the first variant's, unless
-    they name fields only another variant has; then the error says which ``type`` to set.
+    """For a union of ``variants`` keyed by ``type``: settings without a ``type`` are the first variant's when they
+    fit it; otherwise the error says ``type`` is missing, lists the allowed types, and names the type to set when
+    one other variant has every setting given.
 
     >>> fill = default_type(EmbeddedBusConfig, KafkaBusConfig).func
     >>> fill({"path": "/data/bus"}, None)
     {'type': 'embedded', 'path': '/data/bus'}
     """
-    default, others = variants[0], variants[1:]
+    default = variants[0]
 
     def fill(value: Any, info: ValidationInfo | None) -> Any:
         if not isinstance(value, dict) or "type" in value:
             return value
-        foreign = sorted(set(value) - set(default.model_fields))
-        owners = [_tag(v) for v in others if foreign and set(foreign) <= set(v.model_fields)]
-        if not owners:
-            return {"type": _tag(default), **value}  # unknown fields are then reported by the default variant
-        field = info.field_name if info is not None and info.field_name else "type"
-        raise PydanticCustomError(
-            "missing_type",
-            "'type' is missing: {fields} {verb} of type {types}, not of the default type '{default}'; "
-            "set type: {first} (environment: ORCHARD_{env}__TYPE={first})",
-            {
-                "fields": ", ".join(foreign),
-                "verb": "is a setting" if len(foreign) == 1 else "are settings",
-                "default": _tag(default),
-                "types": " or ".join(repr(owner) for owner in owners),
-                "first": owners[0],
-                "env": field.upper(),
-            },
-        )
+        if set(value) <= set(default.model_fields):
+            return {"type": _tag(default), **value}
+        field = info.field_name if info is not None and info.field_name else ""
+        raise _missing_type(sorted(value), variants, field)
 
     return BeforeValidator(fill)
+
+
+def _missing_type(given: list[str], variants: tuple[type[BaseModel], ...], field: str) -> PydanticCustomError:
+    """The error for settings without a ``type`` that do not fit the default variant (``variants[0]``): what does
+    not fit, the type to set, and the allowed types."""
+    tags = [_tag(v) for v in variants]
+    foreign = [name for name in given if name not in variants[0].model_fields]
+    owners = [_tag(v) for v in variants[1:] if set(given) <= set(v.model_fields)]
+    unknown = [name for name in foreign if not any(name in v.model_fields for v in variants)]
+    env = f"ORCHARD_{field.upper()}__TYPE" if field else ""
+    if owners:
+        verb = "is a setting" if len(foreign) == 1 else "are settings"
+        what = (
+            f"{', '.join(foreign)} {verb} of type {' or '.join(map(repr, owners))}, not of the default type {tags[0]!r}"
+        )
+        hint = f"set type: {owners[0]}" + (f" (environment: {env}={owners[0]})" if env else "")
+    else:
+        verb = "is a setting" if len(unknown) == 1 else "are settings"
+        what = f"{', '.join(unknown)} {verb} of no type" if unknown else f"no type has all of {', '.join(given)}"
+        hint = "set type" + (f" (environment: {env})" if env else "") + " and only that type's settings"
+    allowed = ", ".join([f"{tags[0]!r} (the default)", *map(repr, tags[1:])])
+    return PydanticCustomError(
+        "missing_type",
+        "'type' is missing: {what}; {hint}; allowed types: {allowed}",
+        {"what": what, "hint": hint, "allowed": allowed},
+    )
 
 
 class EmbeddedBusConfig(_Strict):
@@ -103,10 +127,38 @@ class KafkaBusConfig(_Strict):
         1_000_000, ge=1024, description="Largest record (key + value) sent; keep below the broker's message.max.bytes."
     )
     default_partitions: int = Field(4, ge=1, le=10_000, description="Partitions of topics Orchard creates.")
-    replication_factor: int = Field(1, ge=1, description="Replication of topics Orchard creates (3 in production).")
+    replication_factor: int | None = Field(
+        None, ge=1, description="Replication of topics Orchard creates (None: 3, or the broker count when fewer)."
+    )
+    min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="min.insync.replicas of topics Orchard creates (None: 2 with replication 3 or more, else 1); "
+        "a topic's own config wins.",
+    )
+    request_timeout_s: float = Field(
+        10.0, gt=0, description="Longest wait of one metadata, offsets, admin or transaction request."
+    )
+    retry_timeout_s: float = Field(
+        120.0,
+        ge=0,
+        description="How long a request that timed out or met a moving leader or coordinator is retried (a broker "
+        "restarting, a leader election) before the error is raised, naming what and for how long (0: no retry).",
+    )
+    retry_backoff_s: float = Field(0.2, gt=0, description="First pause between retries; doubles on each retry.")
+    retry_backoff_max_s: float = Field(5.0, gt=0, description="Longest pause between retries.")
     client_options: dict[str, str] = Field(
         default_factory=dict, description="Extra librdkafka options, e.g. security settings."
     )
+
+    @model_validator(mode="after")
+    def _check_replication(self) -> KafkaBusConfig:
+        replication, min_isr = self.replication_factor, self.min_insync_replicas
+        if replication is not None and min_isr is not None and min_isr > replication:
+            raise ValueError(
+                f"min_insync_replicas ({min_isr}) exceeds replication_factor ({replication}): no write could succeed"
+            )
+        return self
 
 
 BusConfig = Annotated[
@@ -214,34 +266,46 @@ def load_config(
 ) -> ConfigT:
     """Load the config: YAML file, overlaid by ``ORCHARD_*`` environment variables, overlaid by keyword overrides.
 
-    ``schema`` is the model to validate with: ``OrchardConfig`` or an extension of it by the layers above.
-    Raises ``ConfigError`` naming every bad field; nothing starts with an invalid config.
+    Each layer overlays the one below field by field, except that a section the layer gives another ``type`` is
+    the layer's alone (the settings below are another backend's). ``schema`` is the model to validate with:
+    ``OrchardConfig`` or an extension of it by the layers above. Raises ``ConfigError`` naming every bad field;
+    nothing starts with an invalid config.
     """
-    data: dict[str, Any] = {}
-    source = "environment"
-    if path is not None:
-        source = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"configuration {path} must be a mapping at the top level")
-        data = loaded
+    source = "environment" if path is None else str(path)
+    layers = (_read_file(path) if path is not None else {}, EnvSettingsSource(schema)(), overrides)
     try:
-        config = schema(**data)
-        if overrides:
-            config = _explicit_only(schema)(**_deep_merge(config.model_dump(), overrides))
+        config = _explicit_only(schema)(**functools.reduce(_deep_merge, layers))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, source)) from exc
-    return config
+    values = {name: getattr(config, name) for name in schema.model_fields}
+    return schema.model_construct(config.model_fields_set, **values)  # validated: an instance of ``schema`` itself
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"configuration {path} must be a mapping at the top level")
+    return loaded
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base`` field by field; a section to which ``top`` gives another ``type`` is ``top``'s alone.
+
+    >>> _deep_merge({"bus": {"type": "embedded", "path": "/b"}, "run_id": "r"}, {"bus": {"type": "kafka"}})
+    {'bus': {'type': 'kafka'}, 'run_id': 'r'}
+    """
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+        below = out.get(key)
+        if isinstance(value, dict) and isinstance(below, dict) and not _retyped(below, value):
+            out[key] = _deep_merge(below, value)
         else:
             out[key] = value
     return out
+
+
+def _retyped(below: dict[str, Any], top: dict[str, Any]) -> bool:
+    return "type" in below and "type" in top and below["type"] != top["type"]

@@ -29,9 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVICES_PATH = REPO_ROOT / "infra" / "local" / "services.py"
 TEST_KAFKA_NAME = "test-kafka"
 TEST_S3_NAME = "test-s3"
-TEST_KAFKA_PORT_BASE = 39192  # preferred; moved to the next free block when taken
-TEST_S3_PORT_BASE = 38433
-DEDICATED_KAFKA_PORT_BASE = 39292
+TEST_KAFKA_PORT_BASE = 19192  # preferred; moved to the next free block when taken
+TEST_S3_PORT_BASE = 18433
+DEDICATED_KAFKA_PORT_BASE = 19292
 
 T = TypeVar("T")
 KafkaService = Any  # services.KafkaService: a class of a module loaded by path, opaque to type checkers

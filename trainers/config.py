@@ -6,6 +6,8 @@ YAML; ``load_trainer_config`` overlays ``--set key.path=value`` overrides on it.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -84,7 +86,19 @@ class PolicyTrainerConfig(_Strict):
     model_name: str = Field("policy", min_length=1, description="PolicyVersion.model of the published weights.")
     run_id: str | None = Field(None, description="Run the samples and versions belong to; default: Orchard's run_id.")
     topic: str = Field(SAMPLES, min_length=1, description="Topic of TrainingSample records.")
-    group_id: str = Field("policy-trainer", min_length=1, description="Consumer group of the trainer.")
+    group_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Consumer group of the trainer (default: <run id>.policy-trainer.<model_name>, so trainers of two "
+        "runs or two models never share one, while a later stage of the same model continues the earlier one's).",
+    )
+    instance_id: str | None = Field(
+        None,
+        min_length=1,
+        description="Static group membership (group.instance.id) of this process: a restart takes its partitions back "
+        "at once (default: <group>.<rank>, rank from $RANK, else 0). Two live processes with one id fence each other; "
+        "the fenced one exits with an error.",
+    )
     initial_version: int = Field(0, ge=0, description="Version number of the starting weights (engines serve it).")
 
     lr: float = Field(1e-5, gt=0.0, description="Peak learning rate (AdamW).")
@@ -197,6 +211,27 @@ class PolicyTrainerConfig(_Strict):
     def step_tokens(self) -> int:
         """Token budget of one optimizer step."""
         return self.batch_tokens * self.grad_accum
+
+    def consumer_group(self, run_id: str) -> str:
+        """``group_id``, else one derived from the run and the model.
+
+        >>> PolicyTrainerConfig(model_name="coder/v2").consumer_group("r7")
+        'r7.policy-trainer.coder-v2'
+        """
+        return self.group_id or f"{run_id}.policy-trainer.{_name_part(self.model_name)}"
+
+    def static_instance_id(self, run_id: str, rank: str | None = None) -> str:
+        """``instance_id``, else the consumer group and this process's rank (DeepSpeed's ranks share the group).
+
+        >>> PolicyTrainerConfig().static_instance_id("r7", rank="3")
+        'r7.policy-trainer.policy.3'
+        """
+        return self.instance_id or f"{self.consumer_group(run_id)}.{rank or os.environ.get('RANK') or '0'}"
+
+
+def _name_part(name: str) -> str:
+    """``name`` with every character a topic, group or file name may not hold replaced by ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
 def load_trainer_config(path: Path | None = None, overrides: list[str] | None = None) -> PolicyTrainerConfig:

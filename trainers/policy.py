@@ -171,8 +171,10 @@ class PolicyTrainer:
         self._build_model()
         self._create_topics()
         producer = self.bus.producer()
-        consumer = self.bus.consumer([self.config.topic], self.config.group_id, instance_id=self.config.group_id)
-        router = DeadLetterRouter(producer, self.codec, consumer_group=self.config.group_id)
+        group = self.config.consumer_group(self.run_id)
+        instance = self.config.static_instance_id(self.run_id)
+        consumer = self.bus.consumer([self.config.topic], group, instance_id=instance)
+        router = DeadLetterRouter(producer, self.codec, consumer_group=group)
         try:
             self._restore(consumer)
             if self.config.input == "complete":
@@ -613,7 +615,12 @@ class PolicyTrainer:
 
     def _resolved_config(self) -> dict[str, Any]:
         orchard = self.orchard.model_dump(mode="json", exclude={"store": {"access_key", "secret_key"}})
-        return {"trainer": self.config.model_dump(mode="json"), "orchard": orchard, "run_id": self.run_id}
+        trainer = {
+            **self.config.model_dump(mode="json"),
+            "group_id": self.config.consumer_group(self.run_id),
+            "instance_id": self.config.static_instance_id(self.run_id),
+        }
+        return {"trainer": trainer, "orchard": orchard, "run_id": self.run_id}
 
     def close(self) -> None:
         """Close the metrics file and the bus and store this trainer opened."""

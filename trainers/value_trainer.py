@@ -55,7 +55,9 @@ class ValueTrainerConfig(BaseModel):
     name: str = Field("value", pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Model name of published versions.")
     value_model: ValueModelConfig = Field(default_factory=ValueModelConfig)
     topic: str = Field(TRAJECTORIES, min_length=1, description="Topic of Trajectory records.")
-    group: str = Field("value-trainer", min_length=1, description="Consumer group.")
+    group: str | None = Field(
+        None, min_length=1, description="Consumer group (default: <run_id>.value-trainer.<name>, one per run and model)"
+    )
     label: Literal["success", "reward"] = Field("success", description="Target: success, or reward clipped to [0,1].")
     batch_size: int = Field(16, ge=1, description="Trajectories per optimizer step.")
     learning_rate: float = Field(1e-4, gt=0)
@@ -66,6 +68,10 @@ class ValueTrainerConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (None: run until stopped).")
     poll_timeout_s: float = Field(1.0, gt=0, le=1.0, description="Longest wait of one poll (≤1 s: Ctrl-C works).")
+
+    def consumer_group(self) -> str:
+        """``group``, else one per run and model name."""
+        return self.group or f"{self.run_id}.value-trainer.{self.name}"
 
 
 @dataclass
@@ -237,9 +243,10 @@ def run_value_trainer(
     )
     offsets = trainer.restore(checkpoints, store)
     _ensure_topics(bus, config.topic)
-    consumer = bus.consumer([config.topic], group=config.group)
+    group = config.consumer_group()
+    consumer = bus.consumer([config.topic], group=group)
     producer = bus.producer()
-    router = DeadLetterRouter(producer, consumer_group=config.group)
+    router = DeadLetterRouter(producer, consumer_group=group)
     log.info("value trainer started", run_id=config.run_id, step=trainer.step, version=trainer.version, offsets=offsets)
     try:
         for partition, offset in offsets.get(config.topic, {}).items():

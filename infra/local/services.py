@@ -22,7 +22,9 @@ CLI::
 Port layout: Kafka node ``i`` (0-based) listens on ``base + 2i`` (clients) and ``base + 2i + 1`` (controller).
 SeaweedFS uses ``base`` (S3), ``base + 1`` (master), ``base + 2`` (volume), ``base + 3`` (filer) and each of those
 plus 10000 for gRPC. Without ``--port-base`` the stored (or default) base is used, moved to the next free block
-when another process holds it; an explicit base is used as is, or fails.
+when another process holds it; an explicit base is used as is, or fails. The default bases (Kafka 19092, S3 18333)
+lie below the kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), where client sockets take
+their local ports: a base inside it can find a port of a stopped broker taken by some connection when it restarts.
 
 Linux only: process liveness is read from ``/proc``. Python callers use :func:`kafka_up`, :func:`kafka_down`,
 :func:`s3_up`, :func:`s3_down`; this file is loaded by path (``infra/`` is not a package).
@@ -57,6 +59,7 @@ __all__ = [
     "KafkaService",
     "S3Service",
     "ServiceError",
+    "ephemeral_port_range",
     "fetch_kafka",
     "find_free_port_base",
     "kafka_down",
@@ -73,8 +76,10 @@ KAFKA_VERSION = "4.1.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KAFKA_POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 HOST = "127.0.0.1"
-DEFAULT_KAFKA_PORT_BASE = 39092
-DEFAULT_S3_PORT_BASE = 38333
+# Below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default): an outgoing connection never takes
+# a port from these blocks, so a broker killed with kill -9 finds its port free again when it restarts.
+DEFAULT_KAFKA_PORT_BASE = 19092
+DEFAULT_S3_PORT_BASE = 18333  # gRPC ports are these plus S3_GRPC_OFFSET: 28333-28336
 S3_GRPC_OFFSET = 10000
 S3_ACCESS_KEY = "orchard-access"
 S3_SECRET_KEY = "orchard-secret-key"  # noqa: S105 - a fixed credential of a local test server
@@ -263,6 +268,15 @@ def _tcp_open(port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def ephemeral_port_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range of ephemeral (automatically assigned local) ports; Linux's default when unreadable."""
+    try:
+        low, high = (int(part) for part in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def _kafka_ports(base: int, brokers: int) -> list[int]:
     return [base + i for i in range(2 * brokers)]
 
@@ -314,14 +328,21 @@ def find_free_port_base(
 def _choose_base(
     name: str, requested: int | None, stored: int | None, default: int, ports_of: Callable[[int], list[int]]
 ) -> int:
-    """Resolve the port base: an explicit base must be free; else the stored/default one, moved up when taken."""
+    """Resolve the port base: an explicit base must be free; else the stored/default one, moved up when taken.
+
+    A base whose ports reach into the ephemeral range is used, with a warning: a restart may find a port taken."""
     if requested is not None:
         reserved = _reserved_ports(name)
         busy = [port for port in ports_of(requested) if port in reserved or not _port_free(port)]
         if busy:
             raise ServiceError(f"ports {busy} are in use or reserved by another service; choose another --port-base")
-        return requested
-    return find_free_port_base(ports_of, stored if stored is not None else default, PORT_BLOCK, exclude=name)
+        base = requested
+    else:
+        base = find_free_port_base(ports_of, stored if stored is not None else default, PORT_BLOCK, exclude=name)
+    low, high = ephemeral_port_range()
+    if any(low <= port <= high for port in ports_of(base)):
+        _note(f"{name}: ports from {base} lie in the ephemeral range {low}-{high}; a restart may find one taken")
+    return base
 
 
 # ---------------------------------------------------------------------------------------------------- kafka

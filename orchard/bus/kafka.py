@@ -5,6 +5,15 @@ Kafka's Java client), so a key lands on the same partition number on either back
 ``read_committed``, never auto-commit, and commit only what ``poll`` has returned. Transactions follow the
 exactly-once loop of confluent-kafka's ``eos_transactions`` example: offsets are sent into the transaction,
 and a new producer with the same transactional id fences and aborts its dead predecessor.
+
+Brokers fail and come back: every metadata, watermark, offsets, admin and transaction request is retried while its
+error is transient (a time-out, a leader or coordinator moving) with exponential backoff, up to
+``retry_timeout_s`` in all (``kafka_faults.RetryPolicy``); only then is the error raised, naming what was asked and
+for how long. Topics get replication 3 and ``min.insync.replicas`` 2 on three brokers or more
+(``kafka_faults.choose_replication``).
+A transactional producer that hit a fatal error is replaced by a fresh one with the same id before its next
+transaction (one fenced by a newer producer is not: that one has taken over). A static group member fenced by
+another with the same ``group.instance.id`` raises at its next ``poll`` instead of polling nothing forever.
 """
 
 from __future__ import annotations
@@ -12,9 +21,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_STORED,
@@ -51,25 +59,26 @@ from orchard.bus.exceptions import (
     TopicNotFoundError,
     TransactionError,
 )
+from orchard.bus.kafka_faults import (
+    FENCED_CODES,
+    RetryPolicy,
+    choose_replication,
+    describe,
+    error_of,
+    kafka_errors,
+    known_brokers,
+    transient,
+    transient_or_settling,
+    txn_retriable,
+)
 from orchard.config import KafkaBusConfig
 from orchard.logging import get_logger
 
 log = get_logger("bus.kafka")
 # librdkafka's own log lines (connection refused, retries) go to stdlib logging, not straight to stderr.
 librdkafka_logger = logging.getLogger("orchard.bus.librdkafka")
-METADATA_TIMEOUT_S = 10.0
 REQUEST_OVERHEAD_BYTES = 64 * 1024
-
-
-@contextmanager
-def kafka_errors(doing: str) -> Iterator[None]:
-    """Re-raise librdkafka's errors as ``BusError`` naming what was being done."""
-    try:
-        yield
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        detail = error.str() if isinstance(error, KafkaError) else str(exc)
-        raise BusError(f"Kafka error while {doing}: {detail}") from exc
+T = TypeVar("T")
 
 
 class KafkaBus(Bus):
@@ -82,6 +91,8 @@ class KafkaBus(Bus):
             "logger": librdkafka_logger,
             **config.client_options,
         }
+        self.timeout_s = config.request_timeout_s
+        self.retry = RetryPolicy(config.retry_timeout_s, config.retry_backoff_s, config.retry_backoff_max_s)
         self.admin = AdminClient(self.common)
         self._watermarks: RawConsumer | None = None
         try:
@@ -93,48 +104,69 @@ class KafkaBus(Bus):
             ) from exc
         log.info("connected", bootstrap=config.bootstrap_servers, brokers=len(metadata.brokers))
 
+    def request(
+        self, doing: str, call: Callable[[], T], retry_if: Callable[[KafkaError | None], bool] = transient
+    ) -> T:
+        """``call()`` under the retry policy; a permanent error is raised as ``BusError`` naming ``doing``."""
+        with kafka_errors(doing):
+            return self.retry.call(doing, call, retry_if=retry_if)
+
+    def _metadata(self, doing: str, topic: str | None = None) -> Any:
+        return self.request(doing, lambda: self.admin.list_topics(topic=topic, timeout=self.timeout_s))
+
     # ---------------------------------------------------------------- topics
     def create_topic(
         self, name: str, partitions: int | None = None, config: dict[str, str] | None = None, *, exist_ok: bool = False
     ) -> None:
         """Create a topic and wait until every partition has a leader."""
         count = partitions or self.config.default_partitions
-        new = NewTopic(
-            name, num_partitions=count, replication_factor=self.config.replication_factor, config=config or {}
-        )
-        future = self.admin.create_topics([new], operation_timeout=METADATA_TIMEOUT_S)[name]
+        brokers = known_brokers(self._metadata("read the cluster's brokers"))
+        factor, min_isr = choose_replication(brokers, self.config.replication_factor, self.config.min_insync_replicas)
+        settings = {"min.insync.replicas": str(min_isr), **(config or {})}
+        attempts = 0
+
+        def create() -> None:
+            nonlocal attempts
+            attempts += 1
+            new = NewTopic(name, num_partitions=count, replication_factor=factor, config=settings)
+            self.admin.create_topics([new], operation_timeout=self.timeout_s, request_timeout=self.timeout_s)[
+                name
+            ].result()
+
         try:
-            future.result()
+            self.retry.call(f"create topic {name!r}", create)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                if exist_ok:
-                    return
+            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise BusError(f"cannot create topic {name!r}: {error.str()}") from exc
+            if attempts == 1 and not exist_ok:  # on a retry: most likely the attempt that timed out created it
                 raise TopicExistsError(f"topic {name!r} already exists") from exc
-            raise BusError(f"cannot create topic {name!r}: {error.str()}") from exc
+            if attempts == 1:
+                return
         self._wait_for_leaders(name, count)
-        log.info("topic created", topic=name, partitions=count)
+        log.info("topic created", topic=name, partitions=count, replication=factor, min_insync_replicas=min_isr)
 
     def _wait_for_leaders(self, name: str, count: int) -> None:
-        deadline = time.monotonic() + METADATA_TIMEOUT_S
+        started = time.monotonic()
+        deadline = started + max(self.timeout_s, self.config.retry_timeout_s)
         while time.monotonic() < deadline:
-            topic = self.admin.list_topics(topic=name, timeout=METADATA_TIMEOUT_S).topics.get(name)
+            topic = self._metadata(f"read the metadata of {name!r}", name).topics.get(name)
             if topic is not None and topic.error is None and len(topic.partitions) == count:
                 if all(p.leader >= 0 for p in topic.partitions.values()):
                     return
             time.sleep(0.05)
-        raise BusError(f"topic {name!r} was created but its partitions got no leader within {METADATA_TIMEOUT_S}s")
+        raise BusError(
+            f"topic {name!r} was created but its partitions got no leader within {time.monotonic() - started:.1f}s"
+        )
 
     def list_topics(self) -> list[str]:
         """User topics (Kafka's internal ``__`` topics left out), sorted."""
-        with kafka_errors("listing topics"):
-            topics = self.admin.list_topics(timeout=METADATA_TIMEOUT_S).topics
+        topics = self._metadata("list topics").topics
         return sorted(name for name in topics if not name.startswith("__"))
 
     def partitions(self, name: str) -> int:
         """Number of partitions of ``name``; ``TopicNotFoundError`` if absent."""
-        with kafka_errors(f"reading metadata of {name!r}"):
-            topic = self.admin.list_topics(topic=name, timeout=METADATA_TIMEOUT_S).topics.get(name)
+        topic = self._metadata(f"read the metadata of {name!r}", name).topics.get(name)
         if topic is None or topic.error is not None:
             raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)")
         return len(topic.partitions)
@@ -147,29 +179,30 @@ class KafkaBus(Bus):
             starts[p], ends[p] = self.watermarks(RawTopicPartition(name, p))
         return TopicInfo(name=name, partitions=count, start_offsets=starts, end_offsets=ends)
 
-    def watermarks(self, part: RawTopicPartition) -> tuple[int, int]:
-        """Low and high watermark, retrying while a new topic's leadership settles."""
+    def _reader(self) -> RawConsumer:
         if self._watermarks is None:
             self._watermarks = RawConsumer({**self.common, "group.id": "orchard-watermarks"})
-        deadline = time.monotonic() + METADATA_TIMEOUT_S
-        while True:
-            try:
-                low, high = self._watermarks.get_watermark_offsets(part, timeout=METADATA_TIMEOUT_S, cached=False)
-                return int(low), int(high)
-            except KafkaException as exc:
-                # A new topic's leader may not be known to the broker answering yet (NOT_LEADER_FOR_PARTITION is
-                # not flagged retriable by librdkafka), so every error is retried until the deadline.
-                if time.monotonic() > deadline:
-                    raise BusError(
-                        f"cannot read offsets of {part.topic}[{part.partition}]: {exc.args[0].str()}"
-                    ) from exc
-                time.sleep(0.1)
+        return self._watermarks
+
+    def watermarks(self, part: RawTopicPartition) -> tuple[int, int]:
+        """Low and high watermark, retrying while the partition's leader is unreachable, moving or settling."""
+        reader = self._reader()
+        low, high = self.request(
+            f"read offsets of {part.topic}[{part.partition}]",
+            lambda: reader.get_watermark_offsets(part, timeout=self.timeout_s, cached=False),
+            retry_if=transient_or_settling,
+        )
+        return int(low), int(high)
 
     def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
         """The offsets ``group`` has committed (an OffsetFetch through the admin client: nobody joins the group)."""
         request = [ConsumerGroupTopicPartitions(group)]
-        with kafka_errors(f"reading the committed offsets of group {group!r}"):
-            result = self.admin.list_consumer_group_offsets(request)[group].result(timeout=METADATA_TIMEOUT_S)
+        result = self.request(
+            f"read the committed offsets of group {group!r}",
+            lambda: self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout_s)[group].result(
+                timeout=self.timeout_s * 2
+            ),
+        )
         parts = result.topic_partitions or []
         return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
@@ -181,11 +214,10 @@ class KafkaBus(Bus):
         """
         ends = {tp: self.watermarks(RawTopicPartition(tp.topic, tp.partition))[1] for tp in parts}
         query = [RawTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in parts]
-        reader = self._watermarks
-        if not query or reader is None:  # watermarks() opened the reader for any partition
+        if not query:
             return {}
-        with kafka_errors("looking up offsets by time"):
-            found = reader.offsets_for_times(query, timeout=METADATA_TIMEOUT_S)
+        reader = self._reader()
+        found = self.request("look up offsets by time", lambda: reader.offsets_for_times(query, timeout=self.timeout_s))
         offsets = {TopicPartition(part.topic, part.partition): part.offset for part in found}
         return {tp: offsets[tp] if offsets.get(tp, -1) >= 0 else ends[tp] for tp in parts}
 
@@ -206,12 +238,20 @@ class KafkaBus(Bus):
 
     def transactional_producer(self, transactional_id: str) -> KafkaTransactionalProducer:
         """A transactional producer; ``init_transactions`` fences any predecessor with this id."""
+        return KafkaTransactionalProducer(self, self.init_transactional(transactional_id), transactional_id)
+
+    def init_transactional(self, transactional_id: str) -> RawProducer:
+        """A raw producer with ``transactional_id``, its transactions initialised (retried while the transaction
+        coordinator is unreachable or moving)."""
         raw = RawProducer({**self._producer_conf(), "transactional.id": transactional_id})
         try:
-            raw.init_transactions(self.config.connect_timeout_s * 2)
+            self.retry.call(
+                f"initialise transactions for {transactional_id!r}",
+                lambda: raw.init_transactions(self.config.connect_timeout_s * 2),
+            )
         except KafkaException as exc:
             raise TransactionError(f"cannot initialise transactions for {transactional_id!r}: {exc}") from exc
-        return KafkaTransactionalProducer(self, raw)
+        return raw
 
     def consumer(
         self,
@@ -252,10 +292,15 @@ class KafkaProducer(Producer):
 
     def topic_max_bytes(self, topic: str) -> int | None:
         """The topic's effective ``max.message.bytes`` (its own, else the broker's)."""
-        resource = ConfigResource(ResourceType.TOPIC, topic)
+        resource, timeout_s = ConfigResource(ResourceType.TOPIC, topic), self.bus.timeout_s
         try:
-            entries = self.bus.admin.describe_configs([resource])[resource].result(timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
+            entries = self.bus.request(
+                f"read the config of {topic!r}",
+                lambda: self.bus.admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(
+                    timeout=timeout_s * 2
+                ),
+            )
+        except BusError as exc:
             log.warning("cannot read topic limits; using bus.max_record_bytes", topic=topic, error=str(exc))
             return None
         entry = entries.get(TOPIC_MAX_BYTES)
@@ -294,8 +339,11 @@ class KafkaProducer(Producer):
             except BufferError:  # local queue full: let librdkafka send, then retry
                 self.raw.poll(0.05)
             except KafkaException as exc:
-                raise DeliveryError(f"cannot produce to {topic!r}: {exc}") from exc
+                self._produce_failed(topic, exc)
         self.raw.poll(0)
+
+    def _produce_failed(self, topic: str, exc: KafkaException) -> None:
+        raise DeliveryError(f"cannot produce to {topic!r}: {exc}") from exc
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait for acknowledgements; raise ``DeliveryError`` for anything not acknowledged."""
@@ -312,33 +360,50 @@ class KafkaProducer(Producer):
 
 
 class KafkaTransactionalProducer(TransactionalProducer, KafkaProducer):
-    """Transactions on Kafka; a commit that cannot complete aborts and raises ``TransactionError``."""
+    """Transactions on Kafka; a commit that cannot complete aborts and raises ``TransactionError``.
 
-    def __init__(self, bus: KafkaBus, raw: RawProducer) -> None:
+    Retriable errors of a transaction call are retried under the bus's retry policy. After a fatal error the
+    librdkafka producer is unusable: this one raises ``TransactionError`` and takes a fresh producer with the same
+    transactional id (fencing the broken one) at the next ``begin``, unless it was fenced by a newer producer."""
+
+    def __init__(self, bus: KafkaBus, raw: RawProducer, transactional_id: str) -> None:
         KafkaProducer.__init__(self, bus, raw)
+        self.transactional_id = transactional_id
         self._open = False
+        self._broken: str | None = None  # why the raw producer is unusable
 
     def begin(self) -> None:
-        """Begin a Kafka transaction."""
-        with kafka_errors("beginning a transaction"):
+        """Begin a Kafka transaction (on a fresh producer if the last one hit a fatal error)."""
+        if self._broken is not None:
+            log.warning("replacing a transactional producer after a fatal error",
+                        transactional_id=self.transactional_id, error=self._broken)  # fmt: skip
+            self.raw = self.bus.init_transactional(self.transactional_id)
+            self._broken = None
+        try:
             self.raw.begin_transaction()
+        except KafkaException as exc:
+            self._note_fatal(exc)
+            raise TransactionError(f"cannot begin a transaction: {describe(exc)}") from exc
         self._open = True
 
     def commit(self, consumer: Consumer | None = None) -> None:
         """Send the consumer's positions into the transaction and commit it."""
+        timeout_s = self.bus.config.connect_timeout_s
         try:
             if consumer is not None:
                 if not isinstance(consumer, KafkaConsumer) or consumer.raw is None:
                     raise TransactionError("the consumer must be an open Kafka consumer")
                 positions = [RawTopicPartition(tp.topic, tp.partition, off) for tp, off in consumer.position().items()]
+                metadata = consumer.raw.consumer_group_metadata()
                 if positions:
-                    self.raw.send_offsets_to_transaction(
-                        positions, consumer.raw.consumer_group_metadata(), self.bus.config.connect_timeout_s
+                    self._call(
+                        "send offsets into a transaction",
+                        lambda: self.raw.send_offsets_to_transaction(positions, metadata, timeout_s),
                     )
-            self._commit_with_retries()
-        except KafkaException as exc:
+            self._call("commit a transaction", lambda: self.raw.commit_transaction(timeout_s * 2))
+        except (KafkaException, BusUnavailableError) as exc:
             self._abort_quietly()
-            raise TransactionError(f"transaction aborted: {exc}") from exc
+            raise TransactionError(f"transaction aborted: {describe(exc)}") from exc
         finally:
             self._failures = []
         self._open = False
@@ -347,30 +412,44 @@ class KafkaTransactionalProducer(TransactionalProducer, KafkaProducer):
         """Not available: a transactional producer writes through ``begin``/``produce``/``commit``."""
         raise TransactionError("a transactional producer writes through begin(), produce() and commit()")
 
-    def _commit_with_retries(self) -> None:
-        for _ in range(5):
-            try:
-                self.raw.commit_transaction(self.bus.config.connect_timeout_s * 2)
-                return
-            except KafkaException as exc:
-                if not exc.args[0].retriable():
-                    raise
-                time.sleep(0.2)
-        self.raw.commit_transaction(self.bus.config.connect_timeout_s * 2)
+    def _call(self, doing: str, call: Callable[[], None]) -> None:
+        try:
+            self.bus.retry.call(doing, call, retry_if=txn_retriable)
+        except KafkaException as exc:
+            self._note_fatal(exc)
+            raise
+
+    def _note_fatal(self, exc: KafkaException) -> None:
+        error = error_of(exc)
+        if error is None or not error.fatal():
+            return
+        if error.code() in FENCED_CODES:
+            log.warning("transactional producer fenced by a newer one with the same id",
+                        transactional_id=self.transactional_id, error=error.str())  # fmt: skip
+        else:
+            self._broken = error.str()
+
+    def _produce_failed(self, topic: str, exc: KafkaException) -> None:
+        self._note_fatal(exc)
+        raise TransactionError(f"cannot produce to {topic!r} in a transaction: {describe(exc)}") from exc
 
     def _abort_quietly(self) -> None:
-        try:
-            self.raw.abort_transaction(self.bus.config.connect_timeout_s)
-        except KafkaException as exc:
-            log.warning("abort after failed commit also failed", error=str(exc))
         self._open = False
+        if self._broken is not None:
+            return  # nothing to abort on an unusable producer: its successor's init aborts what it left open
+        try:
+            self._call("abort a transaction", lambda: self.raw.abort_transaction(self.bus.config.connect_timeout_s))
+        except (KafkaException, BusUnavailableError) as exc:
+            log.warning("abort after failed commit also failed", error=describe(exc))
 
     def abort(self) -> None:
         """Abort the open transaction."""
-        if self._open:
-            self._open = False
-            with kafka_errors("aborting a transaction"):
-                self.raw.abort_transaction(self.bus.config.connect_timeout_s)
+        if not self._open:
+            return
+        self._open = False
+        if self._broken is None:
+            with kafka_errors("abort a transaction"):
+                self._call("abort a transaction", lambda: self.raw.abort_transaction(self.bus.config.connect_timeout_s))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Records of a transaction are flushed by ``commit``; outside one this flushes as usual."""
@@ -390,6 +469,7 @@ class KafkaConsumer(Consumer):
     ) -> None:
         self.bus = bus
         self.group = group
+        self.instance_id = instance_id
         self.start = start
         self._pending_seeks: dict[TopicPartition, int] = {}
         conf: dict[str, Any] = {
@@ -451,8 +531,11 @@ class KafkaConsumer(Consumer):
         bus."""
         if not parts:
             return
-        with kafka_errors("reading committed offsets on assignment"):
-            committed = raw.committed([RawTopicPartition(p.topic, p.partition) for p in parts], METADATA_TIMEOUT_S)
+        query = [RawTopicPartition(p.topic, p.partition) for p in parts]
+        committed = self.bus.request(
+            f"read the committed offsets of group {self.group!r} on assignment",
+            lambda: raw.committed(query, timeout=self.bus.timeout_s),
+        )
         offsets = self._start_offsets(sorted(TopicPartition(c.topic, c.partition) for c in committed if c.offset < 0))
         for part in parts:
             offset = offsets.get(TopicPartition(part.topic, part.partition))
@@ -474,19 +557,32 @@ class KafkaConsumer(Consumer):
         for msg in messages:
             error = msg.error()
             if error is not None:
-                if error.fatal():
-                    raise BusError(f"fatal consumer error: {error.str()}")
-                log.warning("consumer error", error=error.str())
+                self._check_error(error)
                 continue
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
         return out
 
+    def _check_error(self, error: KafkaError) -> None:
+        """Raise on a fatal error (a fenced static member: another process joined with the same instance id, so
+        this one would otherwise poll nothing forever); log any other."""
+        if not (error.fatal() or error.code() == KafkaError._FATAL):
+            log.warning("consumer error", error=error.str())
+            return
+        if error.code() in FENCED_CODES or "fenced" in error.str().lower():
+            raise BusError(
+                f"consumer of group {self.group!r} was fenced: another consumer joined the group with the same "
+                f"group.instance.id {self.instance_id!r}, and only one may use it; give each process its own "
+                f"instance id ({error.str()})"
+            )
+        raise BusError(f"fatal consumer error in group {self.group!r}: {error.str()}")
+
     def commit(self) -> None:
-        """Commit the positions of what ``poll`` returned (synchronously)."""
+        """Commit the positions of what ``poll`` returned (synchronously; retried while the coordinator moves)."""
         if self.group is None:
             raise BusError("commit needs a consumer group")
+        raw = self._consumer()
         try:
-            self._consumer().commit(asynchronous=False)
+            self.bus.retry.call(f"commit the offsets of group {self.group!r}", lambda: raw.commit(asynchronous=False))
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 raise BusError(f"commit failed: {exc}") from exc
@@ -494,7 +590,7 @@ class KafkaConsumer(Consumer):
     def position(self) -> dict[TopicPartition, int]:
         """Next offsets, for partitions that have one: fetched from, or assigned or sought to a concrete offset."""
         raw = self._consumer()
-        with kafka_errors("reading positions"):
+        with kafka_errors("read positions"):
             parts = raw.position(raw.assignment())
         assigned = {TopicPartition(p.topic, p.partition): p.offset for p in parts}
         fetched = {tp: offset for tp, offset in assigned.items() if offset >= 0}
@@ -505,8 +601,10 @@ class KafkaConsumer(Consumer):
         if self.group is None:
             return {}
         raw = self._consumer()
-        with kafka_errors("reading committed offsets"):
-            parts = raw.committed(raw.assignment(), timeout=METADATA_TIMEOUT_S)
+        parts = self.bus.request(
+            f"read the committed offsets of group {self.group!r}",
+            lambda: raw.committed(raw.assignment(), timeout=self.bus.timeout_s),
+        )
         return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
     def assignment(self) -> list[TopicPartition]:
@@ -533,7 +631,7 @@ class KafkaConsumer(Consumer):
             # The partition's fetcher has not started yet, so it takes no seek: assign it again with this start
             # offset (never poll here: a message polled and dropped would have its offset stored and committed).
             current = self.position()
-            with kafka_errors(f"seeking {tp.topic}[{tp.partition}]"):
+            with kafka_errors(f"seek {tp.topic}[{tp.partition}]"):
                 raw.assign(
                     [
                         RawTopicPartition(

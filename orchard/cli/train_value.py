@@ -45,7 +45,7 @@ def value(
     ),
     name: str = typer.Option("value", help="Model name of the published versions (PolicyVersion.model)."),
     topic: str = typer.Option(TRAJECTORIES, help="Topic of Trajectory records."),
-    group: str = typer.Option("value-trainer", help="Consumer group."),
+    group: str | None = typer.Option(None, help="Consumer group (default: <run_id>.value-trainer.<name>)."),
     batch_size: int = typer.Option(16, min=1, help="Trajectories per optimizer step."),
     learning_rate: float = typer.Option(1e-4, min=0.0, help="AdamW learning rate."),
     max_length: int = typer.Option(1024, min=8, help="Tokens kept from the end of each trajectory."),

@@ -1,15 +1,21 @@
-"""Faults on a real Apache Kafka broker: a restart mid-stream loses no acknowledged record and doubles none."""
+"""Faults on a real Apache Kafka broker: a restart mid-stream loses no acknowledged record and doubles none; a broker
+that stops answering for longer than a request's time-out is waited for; a fenced static member stops."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition as RawTopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from orchard.bus import Delivery
+from orchard.bus import BusError, BusUnavailableError, Delivery
 from orchard.bus.kafka import KafkaBus
 from orchard.config import KafkaBusConfig
 
@@ -60,3 +66,115 @@ def test_broker_restart_mid_stream_loses_and_duplicates_nothing(dedicated_kafka:
     assert failed == []
     assert sorted(acknowledged) == [f"record-{n:06d}".encode() for n in range(total)]
     assert sorted(seen) == sorted(acknowledged)
+
+
+@contextmanager
+def paused(pid: int, after_s: float, for_s: float) -> Iterator[None]:
+    """SIGSTOP ``pid`` ``after_s`` from now for ``for_s`` seconds (then SIGCONT), in the background."""
+
+    def pause() -> None:
+        time.sleep(after_s)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(for_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=pause)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_reads_and_topic_creation_wait_for_a_paused_broker_and_give_up_clearly(
+    dedicated_kafka: Callable[..., Any],
+) -> None:
+    service = dedicated_kafka()
+    pid = service.pid(1)
+    patient = KafkaBus(KafkaBusConfig(bootstrap_servers=service.bootstrap, request_timeout_s=2, retry_timeout_s=60))
+    impatient = KafkaBus(KafkaBusConfig(bootstrap_servers=service.bootstrap, request_timeout_s=2, retry_timeout_s=0))
+    try:
+        patient.create_topic("steady", partitions=2)
+        producer = patient.producer()
+        producer.send("steady", b"one")
+        producer.close()
+        impatient.watermarks(RawTopicPartition("steady", 0))  # its reader is connected before the pause
+
+        # paused for three request time-outs: one attempt fails, the patient bus rides it out
+        with paused(pid, after_s=0.5, for_s=6.0):
+            time.sleep(1.0)
+            started = time.monotonic()
+            with pytest.raises(BusUnavailableError, match=r"cannot read offsets of steady\[0\]: still failing after"):
+                impatient.watermarks(RawTopicPartition("steady", 0))
+            info = patient.describe_topic("steady")
+            patient.create_topic("created-while-paused", partitions=3, exist_ok=True)
+            waited = time.monotonic() - started
+        assert (info.partitions, info.record_count) == (2, 1)
+        assert patient.describe_topic("created-while-paused").partitions == 3
+        assert waited > 3.0  # it did wait out the pause, not return before it
+    finally:
+        patient.close()
+        impatient.close()
+
+
+@pytest.mark.kafka
+def test_topics_on_one_broker_get_one_replica_and_min_isr_one(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    bus = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
+    topic = unique_name("replicated")
+    bus.create_topic(topic, partitions=2)
+    bus.close()
+    assert replication_of(kafka_bootstrap, topic) == ([1, 1], "1")
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_topics_on_three_brokers_get_three_replicas_and_min_isr_two(dedicated_kafka: Callable[..., Any]) -> None:
+    service = dedicated_kafka(brokers=3)
+    bus = KafkaBus(KafkaBusConfig(bootstrap_servers=service.bootstrap))
+    bus.create_topic("durable", partitions=2)
+    bus.create_topic("pinned", partitions=1, config={"min.insync.replicas": "3"})
+    bus.close()
+    assert replication_of(service.bootstrap, "durable") == ([3, 3], "2")
+    assert replication_of(service.bootstrap, "pinned") == ([3], "3")  # a topic's own setting wins
+
+
+def replication_of(bootstrap: str, topic: str) -> tuple[list[int], str]:
+    """Replicas per partition and the topic's min.insync.replicas, as the broker reports them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    config = admin.describe_configs([resource])[resource].result(timeout=10)
+    return [len(partitions[p].replicas) for p in sorted(partitions)], config["min.insync.replicas"].value
+
+
+@pytest.mark.kafka
+def test_a_fenced_static_member_raises_instead_of_polling_nothing(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    bus = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
+    topic, group = unique_name("fenced"), unique_name("trainer")
+    bus.create_topic(topic, partitions=2)
+    bus.producer().send(topic, b"sample")
+    first = bus.consumer([topic], group, instance_id="same-instance")
+    second = None
+    try:
+        deadline = time.monotonic() + 30
+        while not first.poll(timeout_s=1.0) and time.monotonic() < deadline:
+            pass
+        second = bus.consumer([topic], group, instance_id="same-instance")
+        second.poll(timeout_s=1.0)
+        with pytest.raises(BusError, match="was fenced: another consumer joined the group with the same"):
+            while time.monotonic() < deadline + 30:
+                first.poll(timeout_s=1.0)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+        bus.close()

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 
-from orchard.config import EmbeddedBusConfig, KafkaBusConfig, LocalStoreConfig, S3StoreConfig, load_config
+from orchard.config import (
+    EmbeddedBusConfig,
+    KafkaBusConfig,
+    LocalStoreConfig,
+    OrchardConfig,
+    S3StoreConfig,
+    load_config,
+)
 from orchard.exceptions import ConfigError
 
 
@@ -99,14 +107,72 @@ def test_settings_of_another_backend_without_a_type_say_which_type_to_set(monkey
     assert str(caught.value) == (
         "invalid configuration in environment:\n"
         "  bus: 'type' is missing: bootstrap_servers is a setting of type 'kafka', not of the default type "
-        "'embedded'; set type: kafka (environment: ORCHARD_BUS__TYPE=kafka)\n"
+        "'embedded'; set type: kafka (environment: ORCHARD_BUS__TYPE=kafka); allowed types: 'embedded' (the default), "
+        "'kafka'\n"
         "  store: 'type' is missing: bucket, endpoint are settings of type 's3', not of the default type 'local'; "
-        "set type: s3 (environment: ORCHARD_STORE__TYPE=s3)"
+        "set type: s3 (environment: ORCHARD_STORE__TYPE=s3); allowed types: 'local' (the default), 's3'"
     )
 
 
-def test_settings_no_backend_has_are_reported_as_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("settings", "what"),
+    [
+        ({"NONSENSE": "1"}, "nonsense is a setting of no type"),
+        ({"PATH": "/b", "PAHT": "/b", "BOOTSTRAP_SERVERS": "k:9092"}, "paht is a setting of no type"),
+        ({"FSYNC": "always", "BOOTSTRAP_SERVERS": "k:9092"}, "no type has all of bootstrap_servers, fsync"),
+    ],
+    ids=["unknown", "unknown-among-known", "two-types"],
+)
+def test_settings_that_fit_no_single_type_say_type_is_missing_and_list_the_types(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], what: str
+) -> None:
     monkeypatch.delenv("ORCHARD_BUS__TYPE", raising=False)
-    monkeypatch.setenv("ORCHARD_BUS__NONSENSE", "1")
-    with pytest.raises(ConfigError, match=r"(?m)^  bus\.embedded\.nonsense: Extra inputs are not permitted$"):
+    for name, value in settings.items():
+        monkeypatch.setenv(f"ORCHARD_BUS__{name}", value)
+    with pytest.raises(ConfigError) as caught:
         load_config()
+    assert str(caught.value) == (
+        "invalid configuration in environment:\n"
+        f"  bus: 'type' is missing: {what}; set type (environment: ORCHARD_BUS__TYPE) and only that type's settings; "
+        "allowed types: 'embedded' (the default), 'kafka'"
+    )
+
+
+def test_overrides_without_a_type_are_the_default_type_or_say_which_type_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ORCHARD_BUS__TYPE", raising=False)
+    monkeypatch.setenv("ORCHARD_BUS__FSYNC", "always")
+    assert load_config(bus={"path": tmp_path}).bus == EmbeddedBusConfig(path=tmp_path, fsync="always")
+    monkeypatch.delenv("ORCHARD_BUS__FSYNC")
+    with pytest.raises(ConfigError) as caught:
+        load_config(bus={"bootstrap_servers": "cli:9092"})
+    assert str(caught.value) == (
+        "invalid configuration in environment:\n"
+        "  bus: 'type' is missing: bootstrap_servers is a setting of type 'kafka', not of the default type "
+        "'embedded'; set type: kafka (environment: ORCHARD_BUS__TYPE=kafka); allowed types: 'embedded' (the default), "
+        "'kafka'"
+    )
+
+
+def test_a_layer_that_changes_the_type_replaces_the_section_below(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("ORCHARD_BUS__TYPE", "ORCHARD_BUS__BOOTSTRAP_SERVERS"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "orchard.yaml"
+    path.write_text("bus:\n  type: embedded\n  path: /data/bus\n  fsync: always\n")
+    kafka = KafkaBusConfig(bootstrap_servers="k:9092")
+    assert load_config(path, bus={"type": "kafka", "bootstrap_servers": "k:9092"}).bus == kafka
+    monkeypatch.setenv("ORCHARD_BUS__TYPE", "kafka")
+    monkeypatch.setenv("ORCHARD_BUS__BOOTSTRAP_SERVERS", "k:9092")
+    assert load_config(path).bus == kafka
+    assert load_config(path, bus={"type": "embedded"}).bus == EmbeddedBusConfig()  # nothing of the environment's
+
+
+def test_a_loaded_config_is_an_instance_of_its_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCHARD_BUS__TYPE", raising=False)
+    monkeypatch.setenv("ORCHARD_BUS__PATH", "/data/bus")
+    config = load_config(run_id="cli")
+    assert type(config) is OrchardConfig
+    assert pickle.loads(pickle.dumps(config)) == config == OrchardConfig(run_id="cli")  # noqa: S301 - our own bytes
