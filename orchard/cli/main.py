@@ -19,6 +19,7 @@ from orchard.cli import (
     serve,
     tail,
     topics,
+    track,
     train,
     train_value,
     view,
@@ -49,6 +50,7 @@ app.command("export-model")(export_model.export_model)
 app.command("run")(run_command.run)
 app.add_typer(rollout.app, name="rollout")
 app.command("view")(view.view)
+app.command("track")(track.track)
 
 
 @app.callback()
