@@ -2,8 +2,10 @@
 
 A raw trajectory is quadratic in its length (every call resends the whole context, as tokens and as messages),
 so the builder stores a ``PreparedTrajectory`` instead, computed once on arrival: the outcome fields, the token
-sequences (``consumers.sequences``: linear in the episode's length) and each call's ``StepFacts`` (what credit
-assignment needs). Both are pure functions of the trajectory, independent of the builder's configuration.
+sequences (``consumers.sequences``: linear in the episode's length) and, when the builder makes SFT samples, each
+call's ``StepFacts`` (what credit assignment needs). Both are pure functions of the trajectory; the facts are left
+out (``None``) by a builder that only makes RL samples, since reading them from the transcript costs several times
+more than everything else the builder does with a trajectory.
 
 Encoding of a prepared trajectory: a 4-byte little-endian header length, the JSON header, then each sequence's
 token ids (int32) and behaviour logprobs (float32), little-endian, in order.
@@ -45,11 +47,12 @@ class PreparedTrajectory:
     signals: Mapping[str, float]
     arrived_ms: int
     sequences: tuple[TokenSequence, ...]
-    facts: tuple[StepFacts, ...]
+    facts: tuple[StepFacts, ...] | None  # None: not computed (a builder that makes no SFT samples)
 
     @classmethod
-    def of(cls, trajectory: Trajectory, arrived_ms: int) -> PreparedTrajectory:
-        """Prepare ``trajectory`` (which arrived at event time ``arrived_ms``)."""
+    def of(cls, trajectory: Trajectory, arrived_ms: int, *, facts: bool = True) -> PreparedTrajectory:
+        """Prepare ``trajectory`` (which arrived at event time ``arrived_ms``); ``facts=False`` leaves the step
+        facts out."""
         return cls(
             run_id=trajectory.run_id,
             episode_id=trajectory.episode_id,
@@ -61,7 +64,7 @@ class PreparedTrajectory:
             signals=dict(trajectory.signals),
             arrived_ms=arrived_ms,
             sequences=tuple(build_sequences(trajectory.steps)),
-            facts=step_facts(trajectory),
+            facts=step_facts(trajectory) if facts else None,
         )
 
     def to_bytes(self) -> bytes:
@@ -77,7 +80,7 @@ class PreparedTrajectory:
             "signals": dict(self.signals),
             "arrived_ms": self.arrived_ms,
             "sequences": [sequence.header() for sequence in self.sequences],
-            "facts": [facts.to_json() for facts in self.facts],
+            "facts": None if self.facts is None else [facts.to_json() for facts in self.facts],
         }
         encoded = json.dumps(header, separators=(",", ":")).encode()
         arrays = b"".join(
@@ -102,7 +105,7 @@ class PreparedTrajectory:
             signals=header["signals"],
             arrived_ms=header["arrived_ms"],
             sequences=tuple(sequences),
-            facts=tuple(StepFacts.from_json(facts) for facts in header["facts"]),
+            facts=None if header["facts"] is None else tuple(StepFacts.from_json(f) for f in header["facts"]),
         )
 
 

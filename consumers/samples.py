@@ -24,7 +24,10 @@ Flow of one trajectory (all state in the ``StateStore``, so a restart resumes ex
      runs over dense scores (a call-level score covers the call's completion, a span score its span);
    - an **SFT** sample (if the trajectory passes ``sft_successful_only`` / ``sft_min_reward``): loss mask on every
      completion token, per-token weight = the credit weight of the call that generated it (``consumers.credit``;
-     the "files the fix needed" are those the group's successful members edited).
+     the "files the fix needed" are those the group's successful members edited). The credit facts are read from
+     a trajectory's transcript on arrival only when ``kinds`` has SFT (they are most of the cost of a trajectory),
+     so a trajectory that arrived while the builder made RL samples only, and is still waiting when it restarts
+     with SFT, gets no SFT sample (counted as ``SFT_no_facts``).
 
    A sample whose advantages (RL) or weights (SFT) are all zero carries no signal and is skipped (counted) unless
    ``emit_zero_samples``. Each sample's ``sample_id`` is ``<episode>/<kind>/c<conversation>/<first>-<last call>``,
@@ -181,7 +184,7 @@ class SampleBuilder(Processor):
         if message.schema == "Trajectory":
             # arrival = the clock, not the record's own time: a record from a lagging partition still gets its
             # whole score wait
-            self._on_trajectory(_trajectory_of(message), self._clock, emit)
+            self._on_trajectory(_trajectory_of(message, messages="SFT" in self.config.kinds), self._clock, emit)
         else:
             self._on_score(message.record, emit)
         self._advance(self._clock, emit)
@@ -199,7 +202,8 @@ class SampleBuilder(Processor):
             log.info("trajectory not trained on", episode_id=episode, reason=skip, detail=trajectory.incomplete_reason)
             return
         state = self._store()
-        state.put(_TRAJ + episode, PreparedTrajectory.of(trajectory, arrived_ms).to_bytes())
+        prepared = PreparedTrajectory.of(trajectory, arrived_ms, facts="SFT" in self.config.kinds)
+        state.put(_TRAJ + episode, prepared.to_bytes())
         deadline = arrived_ms + self.config.score_wait_ms
         group = group_key(trajectory, self.config.group_by)
         state.put(_WAIT + episode, json.dumps([deadline, group]).encode())
@@ -300,7 +304,7 @@ class SampleBuilder(Processor):
             [m.reward for m in members], eps=self.config.advantage_eps, normalise_std=self.config.normalise_std,
             ddof=self.config.advantage_ddof,
         )  # fmt: skip
-        fix_files = fix_files_of(m.facts for m in members if m.success)
+        fix_files = fix_files_of(m.facts for m in members if m.success and m.facts is not None)
         emitted = 0
         for member, advantage in zip(members, advantages, strict=True):
             books = self._books(member.episode_id)
@@ -326,7 +330,7 @@ class SampleBuilder(Processor):
         config = self.config
         dense = [score for book in books for score in book.dense_scores()]
         call_weights = None
-        if "SFT" in config.kinds and self._sft_eligible(member):
+        if "SFT" in config.kinds and self._sft_eligible(member) and member.facts is not None:
             step_scores = {book.scorer: book.call_scores() for book in books}
             credits = credit_steps(
                 member.facts, config.credit, success=member.success, status=member.status, signals=member.signals,
@@ -370,6 +374,9 @@ class SampleBuilder(Processor):
         return True
 
     def _sft_eligible(self, member: PreparedTrajectory) -> bool:
+        if member.facts is None:  # prepared by this builder while it made RL samples only
+            self.stats["SFT_no_facts"] += 1
+            return False
         if self.config.sft_successful_only and not member.success:
             return False
         return self.config.sft_min_reward is None or member.reward >= self.config.sft_min_reward
@@ -471,10 +478,11 @@ def sample_id(episode_id: str, kind: str, sequence: TokenSequence) -> str:
     return f"{episode_id}/{kind}/c{sequence.conversation_id}/{sequence.first_call}-{sequence.last_call}"
 
 
-def _trajectory_of(message: Input) -> Trajectory:
-    """The in-memory trajectory a ``Trajectory`` record carries (a record that cannot be read is rejected)."""
+def _trajectory_of(message: Input, *, messages: bool) -> Trajectory:
+    """The in-memory trajectory a ``Trajectory`` record carries (a record that cannot be read is rejected); without
+    ``messages`` (RL samples only: no credit facts to read) its steps' request messages are left empty."""
     try:
-        return trajectory_from_record(message.record)
+        return trajectory_from_record(message.record, messages=messages)
     except (OrchardError, KeyError, TypeError, ValueError) as exc:
         raise RecordRejected(f"unreadable Trajectory record: {type(exc).__name__}: {exc}", type(exc).__name__) from exc
 

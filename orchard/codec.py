@@ -23,13 +23,14 @@ the older one.
 
 from __future__ import annotations
 
+import array
 import base64
 import copy
 import functools
 import io
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -471,6 +472,12 @@ def _field_check(schema: Any, named: Mapping[str, Any]) -> _FieldCheck | None:
     if schema["type"] == "enum":
         symbols = frozenset(schema["symbols"])
         return lambda v: isinstance(v, str) and v in symbols
+    if schema["type"] == "array" and logical is None:
+        items = _field_check(schema["items"], named)
+        if items is None:
+            return None
+        # what fastavro's validator accepts as an array (a Trajectory's calls: thousands of bytes values)
+        return lambda v: isinstance(v, Sequence | array.array) and not isinstance(v, str) and all(map(items, v))
     return _PRIMITIVE_CHECKS.get(schema["type"]) if logical is None else None
 
 

@@ -137,14 +137,20 @@ class PrefixDeltaEncoder:
 
 
 class PromptReconstructor:
-    """Consumer side, one per episode: rebuilds exact prompts from prefix deltas."""
+    """Consumer side, one per episode: rebuilds exact prompts from prefix deltas.
 
-    def __init__(self) -> None:
+    With ``messages=False`` ``add_model_call`` checks the message deltas exactly as it otherwise would (the same
+    errors for the same records) but keeps only each conversation's length, not its messages: for a consumer that
+    needs the tokens only."""
+
+    def __init__(self, *, messages: bool = True) -> None:
         """Start with no calls."""
+        self.keeps_messages = messages
         self._prompts: dict[int, TokenArray] = {}
         self._sequences: dict[int, TokenArray] = {}
         self._messages: dict[int, list[Any]] = {}
         self._conversations: dict[int, list[Any]] = {}
+        self._conversation_lengths: dict[int, int] = {}
 
     def add(
         self,
@@ -169,11 +175,11 @@ class PromptReconstructor:
         """``add`` from a decoded ModelCall record (packed token fields), rebuilding its messages too."""
         call_index, base = record["call_index"], record["prompt_base_call_index"]
         count = record.get("request_messages_prefix_count", 0)
-        if count and (base is None or base not in self._conversations):
+        if count and (base is None or base not in self._conversation_lengths):
             raise MissingBaseCallError(f"call {call_index}: {count} messages come from call {base}, which is unknown")
-        prefix = self._conversations[base][:count] if count else []
-        if len(prefix) != count:
-            raise PrefixDeltaError(f"call {call_index}: base call {base} has only {len(prefix)} messages, not {count}")
+        available = min(count, self._conversation_lengths[base]) if count else 0
+        if available != count:
+            raise PrefixDeltaError(f"call {call_index}: base call {base} has only {available} messages, not {count}")
         prompt = self.add(
             call_index,
             base,
@@ -181,10 +187,13 @@ class PromptReconstructor:
             unpack_token_ids(record["prompt_token_ids"]),
             unpack_token_ids(record["completion_token_ids"]),
         )
-        messages = [*prefix, *json.loads(record["request_messages_json"])]
+        new_messages = [*json.loads(record["request_messages_json"])]
         reply = assistant_message(record["response_text"], json.loads(record["response_tool_calls_json"]))
-        self._messages[call_index] = messages
-        self._conversations[call_index] = [*messages, reply]
+        if self.keeps_messages:
+            messages = [*(self._conversations[base][:count] if count else []), *new_messages]
+            self._messages[call_index] = messages
+            self._conversations[call_index] = [*messages, reply]
+        self._conversation_lengths[call_index] = count + len(new_messages) + 1
         return prompt
 
     def messages(self, call_index: int) -> list[Any]:

@@ -7,12 +7,16 @@ in-memory ``orchard.trajectory.Trajectory`` every downstream consumer works with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchard.codec import Codec
-from orchard.trajectory import Trajectory, trajectory_from_records
+from orchard.prefix_delta import PromptReconstructor
+from orchard.tokens import unpack_logprobs, unpack_token_ids
+from orchard.trajectory import Step, Trajectory, trajectory_from_records
 
 
 def trajectory_record(
@@ -68,8 +72,14 @@ def resolvable_calls(calls: Sequence[Mapping[str, Any]]) -> list[Mapping[str, An
     return kept
 
 
-def trajectory_from_record(record: Mapping[str, Any], codec: Codec | None = None) -> Trajectory:
-    """The in-memory ``Trajectory`` of a decoded ``Trajectory`` record (prompts resolved, incomplete kept so)."""
+def trajectory_from_record(
+    record: Mapping[str, Any], codec: Codec | None = None, *, messages: bool = True
+) -> Trajectory:
+    """The in-memory ``Trajectory`` of a decoded ``Trajectory`` record (prompts resolved, incomplete kept so).
+
+    ``messages=False``: the steps' ``request_messages`` are left empty (the record is checked all the same, and
+    refused for the same reasons) and their token arrays are read-only views of the record: for a consumer that
+    needs only the tokens, at a fraction of the cost."""
     codec = codec or Codec.default()
     calls = decode_calls(record, codec)
     outcome = decode_outcome(record, codec)
@@ -85,9 +95,35 @@ def trajectory_from_record(record: Mapping[str, Any], codec: Codec | None = None
         )
     if not record["complete"]:
         calls = list(resolvable_calls(calls))  # type: ignore[arg-type]
-    return trajectory_from_records(
-        calls, outcome, incomplete_reason=None if record["complete"] else record.get("incomplete_reason")
-    )
+    reason = None if record["complete"] else record.get("incomplete_reason")
+    if messages:
+        return trajectory_from_records(calls, outcome, incomplete_reason=reason)
+    outline = trajectory_from_records(calls[:1] if outcome is None else [], outcome, incomplete_reason=reason)
+    return replace(outline, steps=token_steps(calls))
+
+
+def token_steps(records: Iterable[Mapping[str, Any]]) -> tuple[Step, ...]:
+    """``orchard.trajectory.steps_from_model_calls`` without the request messages (see ``trajectory_from_record``)."""
+    reconstructor = PromptReconstructor(messages=False)
+    steps = []
+    for record in sorted(records, key=lambda r: r["call_index"]):
+        prompt = reconstructor.add_model_call(record)
+        steps.append(
+            Step(
+                call_index=record["call_index"],
+                conversation_id=record.get("conversation_id", 0),
+                policy_version=record["policy_version"],
+                prompt_token_ids=prompt,
+                completion_token_ids=unpack_token_ids(record["completion_token_ids"]),
+                completion_logprobs=unpack_logprobs(record["completion_logprobs"]),
+                request_messages=[],
+                response_text=record["response_text"],
+                response_tool_calls=json.loads(record["response_tool_calls_json"]),
+                finish_reason=record["finish_reason"],
+                retokenized=record.get("retokenized", False),
+            )
+        )
+    return tuple(steps)
 
 
 def record_timestamp_ms(record: Mapping[str, Any]) -> int:

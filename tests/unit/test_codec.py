@@ -458,3 +458,18 @@ def test_omitted_fields_with_bytes_and_timestamp_defaults_can_be_written(tmp_pat
     assert codec.decode(codec.encode("ModelCall", model_call())).record == model_call(
         draft_token_ids=b"", queued_at=datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
     )
+
+
+@pytest.mark.parametrize(
+    ("calls", "ok"), [([b"a", bytearray(b"b")], True), ((b"a",), True), ([b"a", "b"], False), (b"ab", False)]
+)
+def test_array_fields_are_checked_as_fastavro_checks_them(calls: Any, ok: bool) -> None:
+    record = {"run_id": "r", "episode_id": "e", "task_id": "t", "group_id": "", "policy_version": None,
+              "complete": False, "incomplete_reason": None, "num_model_calls": None, "outcome": None, "calls": calls,
+              "timestamp": 0}  # fmt: skip
+    assert fastavro.validation.validate(record, Codec.default().schema("Trajectory").parsed, raise_errors=False) is ok
+    if ok:
+        assert Codec.default().decode(Codec.default().encode("Trajectory", record)).record["calls"] == list(calls)
+    else:
+        with pytest.raises(SchemaValidationError, match="calls: expected array"):
+            Codec.default().encode("Trajectory", record)

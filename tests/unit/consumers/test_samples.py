@@ -14,13 +14,14 @@ from pydantic import ValidationError
 
 from consumers.credit import CreditConfig
 from consumers.processor import Input, RecordRejected
+from consumers.sample_state import PreparedTrajectory
 from consumers.samples import SampleBuilder, SampleBuilderConfig
 from consumers.sequences import CallSpan, build_sequences
 from orchard.codec import Codec
 from orchard.episode_recorder import EpisodeRecorder
 from orchard.tokens import unpack_array
 from orchard.trajectory import Step
-from orchard.trajectory_records import trajectory_record
+from orchard.trajectory_records import trajectory_from_record, trajectory_record
 
 CODEC = Codec.default()
 
@@ -452,3 +453,37 @@ def test_held_out_evaluation_episodes_are_never_trained_on() -> None:
     out, builder = drive(SampleBuilderConfig(kinds=["RL"], group_size=2, group_timeout_ms=10), [*inputs, 50_000])
     assert sorted({s["episode_id"] for s in out}) == ["t0", "t1"]
     assert builder.stats["evaluation"] == 1
+
+
+def test_an_rl_only_builder_reads_only_tokens_and_an_sft_builder_after_it_skips_what_it_left_waiting() -> None:
+    rl, sft = SampleBuilderConfig(group_size=2), SampleBuilderConfig(kinds=["RL", "SFT"], group_size=2)
+    store = DictStore()
+    drive(rl, [episode("e1", reward=1.0, status="SUCCEEDED")], store=store)
+    assert PreparedTrajectory.from_bytes(store.data["traj/e1"]).facts is None
+    out, builder = drive(sft, [episode("e2", reward=0.0)], store=store)
+    assert ([s["kind"] for s in out], builder.stats["SFT_no_facts"]) == (["RL", "RL", "SFT"], 1)
+
+
+def test_a_trajectory_read_for_its_tokens_only_has_the_same_tokens_and_is_refused_for_the_same_reasons() -> None:
+    record = dict(episode("e", reward=1.0).record)
+    full, lean = trajectory_from_record(record), trajectory_from_record(record, messages=False)
+    assert [s.request_messages for s in lean.steps] == [[], []] and lean.status == full.status
+    for a, b in zip(full.steps, lean.steps, strict=True):
+        assert (a.prompt_token_ids.tolist(), a.completion_token_ids.tolist(), a.response_tool_calls) == (
+            b.prompt_token_ids.tolist(), b.completion_token_ids.tolist(), b.response_tool_calls
+        )  # fmt: skip
+    calls = [CODEC.decode(call).record for call in record["calls"]]
+    unreadable, bad_prefix, not_a_list = (
+        {"request_messages_json": "{"},
+        {"request_messages_prefix_count": 9},
+        {"request_messages_json": "1"},
+    )
+    for broken in (unreadable, bad_prefix, not_a_list):
+        second = CODEC.encode("ModelCall", {**calls[1], **broken})
+        bad = {**record, "calls": [CODEC.encode("ModelCall", calls[0]), second]}
+        errors = []
+        for messages in (True, False):
+            with pytest.raises(Exception) as caught:  # noqa: PT011 - the same error either way is the point
+                trajectory_from_record(bad, messages=messages)
+            errors.append((type(caught.value), str(caught.value)))
+        assert errors[0] == errors[1]
