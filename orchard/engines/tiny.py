@@ -162,9 +162,13 @@ TINY_MODELS: dict[str, TinySpec] = {
     "tiny-qwen2": TinySpec("qwen2"),
     "tiny-llama-micro": TinySpec("llama", hidden_size=64, intermediate_size=172, num_hidden_layers=2),
     "tiny-llama-8k": TinySpec("llama", max_position_embeddings=8192),
+    "tiny-llama-32k": TinySpec("llama", max_position_embeddings=32768),
 }
-"""The family: ``tiny-llama`` (~3M parameters), ``tiny-qwen2`` (same shape, Qwen2 blocks), ``tiny-llama-micro``, and
-``tiny-llama-8k`` (``tiny-llama`` with an 8192-token context, for multi-turn episodes that read whole source files)."""
+"""The family: ``tiny-llama`` (~3M parameters), ``tiny-qwen2`` (same shape, Qwen2 blocks), ``tiny-llama-micro``,
+``tiny-llama-8k`` (``tiny-llama`` with an 8192-token context, for multi-turn episodes that read whole source files)
+and ``tiny-llama-32k`` (a 32768-token context for real coding harnesses: opencode's first prompt is ~16k tokens of
+this tokenizer; Claude Code's is ~43k, ~31.5k with its cron, workflow, web-fetch, bundled-skill and background-task
+switches off, see ``benchmarks/harness_local_engine.py``)."""
 
 TOKENIZER_REVISION = hashlib.sha256(
     (tokenizer_corpus() + str(max(spec.max_position_embeddings for spec in TINY_MODELS.values()))).encode()

@@ -16,6 +16,7 @@ from orchard.engines.tiny import (
     build_tiny_tokenizer,
     ensure_tiny_checkpoint,
     is_tiny_name,
+    tokenizer_corpus,
 )
 from orchard.engines.tool_parsing import parse_tool_calls
 
@@ -73,9 +74,11 @@ def test_build_is_deterministic(checkpoint: Path, tmp_path: Path) -> None:
 
 
 def test_family_members_and_cache(tmp_path: Path) -> None:
-    assert sorted(TINY_MODELS) == ["tiny-llama", "tiny-llama-8k", "tiny-llama-micro", "tiny-qwen2"]
-    long = AutoConfig.from_pretrained(build_tiny_checkpoint("tiny-llama-8k", tmp_path / "8k"))
-    assert (long.max_position_embeddings, long.hidden_size) == (8192, TINY_MODELS["tiny-llama"].hidden_size)
+    assert sorted(TINY_MODELS) == ["tiny-llama", "tiny-llama-32k", "tiny-llama-8k", "tiny-llama-micro", "tiny-qwen2"]
+    hidden = TINY_MODELS["tiny-llama"].hidden_size
+    for name, context in (("tiny-llama-8k", 8192), ("tiny-llama-32k", 32768)):
+        long = AutoConfig.from_pretrained(build_tiny_checkpoint(name, tmp_path / name))
+        assert (long.max_position_embeddings, long.hidden_size) == (context, hidden)
     assert is_tiny_name("tiny-qwen2") and not is_tiny_name("/models/tiny-qwen2")
     built = ensure_tiny_checkpoint("tiny-qwen2", tmp_path, seed=3)
     assert built == tmp_path / f"tiny-qwen2-seed3-tok{TOKENIZER_REVISION}"  # a new tokenizer never reuses a build
@@ -85,6 +88,23 @@ def test_family_members_and_cache(tmp_path: Path) -> None:
     assert (built / "model.safetensors").stat().st_mtime_ns == stamp  # found in the cache, not rebuilt
     with pytest.raises(ValueError, match="unknown tiny model 'tiny-gpt'"):
         build_tiny_checkpoint("tiny-gpt", tmp_path / "x")
+
+
+def test_the_tokenizer_allows_the_longest_context_and_its_ids_do_not_depend_on_it() -> None:
+    """``model_max_length`` (and the cache key) follow the family's longest context; token ids never do."""
+    tokenizer = build_tiny_tokenizer()
+    assert tokenizer.model_max_length == max(spec.max_position_embeddings for spec in TINY_MODELS.values()) == 32768
+    text = tokenizer_corpus()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    tokenizer.model_max_length = 2048
+    assert tokenizer.encode(text, add_special_tokens=False) == ids
+
+
+def test_the_32k_member_loads_with_sdpa_attention(tmp_path: Path) -> None:
+    """A ~24k-token prompt is prefilled by SDPA in ~10 s and ~1.3 GB on 2 CPU cores; eager attention would hold the
+    full score matrices (~10 GB at 24k tokens), so the default attention of the loaded checkpoint is pinned here."""
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_checkpoint("tiny-llama-32k", tmp_path / "32k"))
+    assert (model.config._attn_implementation, model.config.max_position_embeddings) == ("sdpa", 32768)
 
 
 def test_template_renders_tools_calls_and_results() -> None:
