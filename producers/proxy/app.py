@@ -104,6 +104,7 @@ class RecordingProxy:
         session = self.episodes.authenticate(api_key(request))
         raw = await read_body(request, self.settings.max_request_bytes)
         parsed = parse_messages_request(raw) if flavour == "MESSAGES" else parse_request(raw, flavour)
+        parsed = session.canonicalize(parsed)
         return await self.forwarder.forward(session, parsed, started, received_ms, lambda: hung_up(request.receive))
 
     async def count_tokens(self, request: Request) -> Response:

@@ -39,6 +39,7 @@ class Completion:
     tool_calls: list[dict[str, Any]]
     finish_reason: str
     trace: TokenTrace
+    reasoning: str | None = None  # a chat answer's ``reasoning_content`` (or ``reasoning``), if the engine gave one
 
 
 def read_trace(raw: Any) -> TokenTrace:
@@ -75,7 +76,8 @@ def chat_completions(body: dict[str, Any]) -> list[Completion]:
         calls = [chat_tool_call(call) for call in message.get("tool_calls") or ()]
         trace = read_trace(own if own is not None else shared if len(choices) == 1 else None)
         finish = choice.get("finish_reason") or ("tool_calls" if calls else "stop")
-        completions.append(Completion(_text(message.get("content")), calls, finish, trace))
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        completions.append(Completion(_text(message.get("content")), calls, finish, trace, _optional(reasoning)))
     return completions
 
 
@@ -107,6 +109,10 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return "" if content is None else str(content)
+
+
+def _optional(text: Any) -> str | None:
+    return text if isinstance(text, str) and text else None
 
 
 def _load(data: str) -> dict[str, Any]:
@@ -158,6 +164,7 @@ class ChatStreamAssembler(StreamAssembler):
         """Start with nothing seen."""
         super().__init__()
         self._text: list[str] = []
+        self._reasoning: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._finish: str | None = None
         self._trace: TokenTrace | None = None
@@ -215,6 +222,9 @@ class ChatStreamAssembler(StreamAssembler):
         delta = choice.get("delta") or {}
         if isinstance(delta.get("content"), str):
             self._text.append(delta["content"])
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str):
+            self._reasoning.append(reasoning)
         for part in delta.get("tool_calls") or ():
             call = self._calls.setdefault(int(part.get("index", 0)), {"id": None, "type": None, "name": "", "args": []})
             call["id"] = call["id"] or part.get("id")
@@ -235,7 +245,8 @@ class ChatStreamAssembler(StreamAssembler):
             for _, c in sorted(self._calls.items())
         ]
         finish = self._finish or ("tool_calls" if calls else "stop")
-        return [Completion("".join(self._text), calls, finish, self._trace)]
+        reasoning = _optional("".join(self._reasoning))
+        return [Completion("".join(self._text), calls, finish, self._trace, reasoning)]
 
 
 class ResponsesStreamAssembler(StreamAssembler):

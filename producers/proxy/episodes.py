@@ -26,11 +26,12 @@ from orchard.codec import Codec
 from orchard.episode_recorder import EpisodeRecorder
 from orchard.logging import get_logger
 from producers.proxy.bus_writer import BusWriter
+from producers.proxy.canonical import SampledTurns
 from producers.proxy.completion import Completion
 from producers.proxy.exceptions import AuthenticationError, ConflictError, NotFoundError, RecordingIncompleteError
 from producers.proxy.images import ImageRecorder
 from producers.proxy.lineage import ConversationTracker
-from producers.proxy.request import ModelRequest
+from producers.proxy.request import ModelRequest, with_messages
 from producers.proxy.sequencer import CallSequencer
 from producers.proxy.settings import ProxySettings
 
@@ -94,6 +95,11 @@ class EpisodeSummary(BaseModel):
         0, description="Calls the backend failed: a 5xx, a timeout, unreachable, or no valid token trace."
     )
     conversations: int = Field(description="Conversations seen (lineage).")
+    canonicalized_calls: int = Field(
+        0,
+        description="Calls forwarded with one or more re-serialised assistant turns replaced by the answer the engine "
+        "sampled (producers.proxy.canonical); not one of the counts summed above.",
+    )
     last_policy_version: int | None = Field(None, description="Policy version of the last recorded call, if any.")
 
 
@@ -138,6 +144,8 @@ class EpisodeSession:
             on_call_delivery=self._delivered,
         )
         self.lineage = ConversationTracker(settings.max_conversations)
+        self.turns = SampledTurns()
+        self.canonicalized_calls = 0
         self.sequencer = CallSequencer()
         self.state: EpisodeState = "active"
         self.accepting = True  # False once closing has drained: nothing more is recorded
@@ -172,9 +180,24 @@ class EpisodeSession:
             self.unrecorded[reason] += 1
             self.log.info("model call not recorded", reason=reason)
 
+    def canonicalize(self, request: ModelRequest) -> ModelRequest:
+        """``request`` with each re-serialised assistant turn of its history replaced by the answer the engine
+        sampled for it (chat form only; ``producers.proxy.canonical``)."""
+        if request.recorded_flavour != "CHAT":
+            return request
+        messages, replaced = self.turns.canonicalize(request.messages)
+        if not replaced:
+            return request
+        self.canonicalized_calls += 1
+        self.log.info("re-serialised turns forwarded as sampled", messages=replaced)
+        return with_messages(request, messages, tuple(replaced))
+
     def spawn_record(self, ticket: int, call: AnsweredCall) -> None:
-        """Record ``call`` in the background, in its ticket's turn (takes over releasing ``ticket``)."""
+        """Record ``call`` in the background, in its ticket's turn (takes over releasing ``ticket``); its answers are
+        remembered at once, so the harness's next call can be canonicalised against them."""
         self.extra_choices += len(call.completions) - 1
+        if call.request.recorded_flavour == "CHAT":
+            self.turns.remember(call.completions)
         task = asyncio.create_task(self._record_in_turn(ticket, call))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -257,6 +280,7 @@ class EpisodeSession:
             calls_backend_failed=self.unrecorded["backend_failed"],
             last_policy_version=self.last_policy_version,
             conversations=self.lineage.count,
+            canonicalized_calls=self.canonicalized_calls,
         )
 
 

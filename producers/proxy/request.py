@@ -11,10 +11,10 @@ that form.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 
 from producers.proxy.exceptions import BadRequestError
 
@@ -44,6 +44,8 @@ class ModelRequest:
     stream: bool
     choices: int
     stop_sequences: tuple[str, ...] = ()
+    canonicalized: tuple[int, ...] = ()
+    """Indexes of the ``messages`` that are re-serialised assistant turns replaced by their sampled form."""
 
     @property
     def path(self) -> str:
@@ -77,6 +79,14 @@ def parse_request(raw: bytes, flavour: ApiFlavour) -> ModelRequest:
         raise BadRequestError("the recording proxy does not support streaming with n > 1", code="unsupported")
     sampling = {key: value for key, value in body.items() if key not in NOT_SAMPLING}
     return ModelRequest(flavour, raw, model, messages, tools, sampling, bool(stream), choices)
+
+
+def with_messages(request: ModelRequest, messages: list[Any], canonicalized: tuple[int, ...]) -> ModelRequest:
+    """``request`` (chat form) with other ``messages`` (``canonicalized``: those replaced by their sampled form), in
+    what is forwarded and what is recorded."""
+    body = json_object(request.raw)
+    body["messages"] = messages
+    return replace(request, raw=to_json(body), messages=messages, canonicalized=canonicalized)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

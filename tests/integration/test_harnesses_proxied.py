@@ -116,18 +116,18 @@ class Case:
     trajectory_files: int = 2
     """The events and the session transcript (opencode keeps its sessions in SQLite)."""
     conversations: int = 1
-    """Conversations the proxy sees in the two-call task (more: the harness re-serialized a sampled turn)."""
+    """Conversations the proxy sees in the two-call task (more: the harness changed a sampled turn)."""
 
 
 CASES = [
     Case(CLAUDE, ("POST", "/v1/messages", "beta=true", "bearer"), "MESSAGES", {"Bash", "Read", "Edit", "Write"},
          "success", "error"),
-    # opencode and pi re-send the tool call's arguments as compact JSON (issue 18, item 3): the second prompt does
-    # not extend the first call's tokens and the proxy opens a second conversation
+    # opencode and pi re-send the tool call's spaced JSON arguments as compact JSON; the proxy forwards the turn as
+    # sampled (producers.proxy.canonical), so the second prompt extends the first call's tokens: one conversation
     Case(OPENCODE, ("POST", "/v1/chat/completions", "", "bearer"), "CHAT", {"bash", "read", "edit", "write"},
-         "stop", "APIError", trajectory_files=1, conversations=2),
+         "stop", "APIError", trajectory_files=1),
     Case(PI, ("POST", "/v1/chat/completions", "", "bearer"), "CHAT", {"bash", "read", "edit", "write"},
-         "stop", "error", conversations=2),
+         "stop", "error"),
 ]  # fmt: skip
 CASE = {case.harness: case for case in CASES}
 

@@ -25,7 +25,7 @@ from orchard.bus.embedded import EmbeddedBus
 from orchard.bus.embedded.backend import EmbeddedProducer
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
-from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
+from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app, encode_text
 from orchard.engines.token_trace import TokenTrace, trace_of
 from orchard.prefix_delta import PromptReconstructor
 from orchard.tokens import unpack_array, unpack_token_ids
@@ -1029,3 +1029,160 @@ def test_a_pooled_connection_the_backend_dropped_is_replaced_and_a_stalled_strea
             await UpstreamPool(f"http://127.0.0.1:{port}").request("GET", "/models")
 
     asyncio.run(refused())
+
+
+# ------------------------------------------------------------------------------------------------ canonical turns
+CANONICAL_PLAN = ScriptedPlan(
+    steps=[
+        ScriptedStep(
+            text="Looking around.", tool_calls=[ScriptedToolCall(name="shell", arguments={"cmd": "ls -la", "cwd": "/"})]
+        ),
+        ScriptedStep(tool_calls=[ScriptedToolCall(name="shell", arguments={"cmd": "cat a.py", "timeout": 5})]),
+        ScriptedStep(
+            text="Running  the\ntests.", tool_calls=[ScriptedToolCall(name="shell", arguments={"cmd": "pytest"})]
+        ),
+        ScriptedStep(text="Fixed."),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def canonical_backend() -> Iterator[BackgroundServer]:
+    """A scripted backend whose tool calls carry spaced JSON arguments with several keys."""
+    with BackgroundServer(create_scripted_app(CANONICAL_PLAN, POLICY_VERSION)) as server:
+        yield server
+
+
+def reserialized(message: dict[str, Any], how: str) -> dict[str, Any]:
+    """An assistant message as a harness re-serialises it: the same turn, other bytes."""
+    out = dict(message)
+    calls = [dict(call, function=dict(call["function"])) for call in message.get("tool_calls") or []]
+    for call in calls:
+        arguments = json.loads(call["function"]["arguments"])
+        if how == "compact":  # opencode
+            call["function"]["arguments"] = json.dumps(arguments, separators=(",", ":"))
+        elif how == "reordered":
+            call["function"]["arguments"] = json.dumps(dict(reversed(arguments.items())), indent=2)
+    if calls:
+        out["tool_calls"] = calls
+    if how == "whitespace":
+        out["content"] = " ".join((message["content"] or "").split()) + "\n" if message["content"] else ""
+    return out
+
+
+def assert_one_conversation(proxy: Proxy, episode_id: str, calls: int) -> PromptReconstructor:
+    """Every call continues the previous one token for token; returns the rebuilt episode."""
+    records, rebuilt = proxy.records(episode_id), PromptReconstructor()
+    assert [r["conversation_id"] for r in records] == [0] * calls
+    for record in records:
+        rebuilt.add_model_call(record)
+    for index in range(1, calls):
+        previous = rebuilt.sequence(index - 1).tolist()
+        assert rebuilt.prompt(index)[: len(previous)].tolist() == previous
+    return rebuilt
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_re_serialised_turns_are_forwarded_as_sampled(
+    start_proxy: Callable[..., Proxy], canonical_backend: BackgroundServer, stream: bool
+) -> None:
+    proxy = start_proxy(backend_base_url=f"{canonical_backend.url}/v1")
+    harness = proxy.open(f"canonical-{stream}")
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix"}]
+    sampled: list[dict[str, Any]] = list(history)  # the history as the engine sampled it
+    ways = ["compact", "reordered", "whitespace"]
+    for output, how in zip(["a.py", "def parse(): ...", "1 failed"], ways, strict=True):
+        reply = harness.chat(history, stream)["choices"][0]["message"]
+        result = tool_result(reply["tool_calls"][0]["id"], output)
+        sampled += [reply, result]
+        history = [reserialized(m, how) if m["role"] == "assistant" else m for m in history] + [
+            reserialized(reply, how),
+            result,
+        ]
+    assert history != sampled
+    harness.chat(history, stream)
+    summary = proxy.close(harness.episode_id).json()
+    assert (summary["calls_recorded"], summary["conversations"], summary["canonicalized_calls"]) == (4, 1, 3)
+    rebuilt = assert_one_conversation(proxy, harness.episode_id, 4)
+    body = {"model": "policy", "messages": sampled, "tools": TOOLS, "temperature": 0.7}
+    expected = direct_trace(canonical_backend, "/chat/completions", body, f"direct-canonical-{stream}")
+    assert rebuilt.prompt(3).tolist() == expected.prompt_token_ids  # the engine was shown what it sampled
+    assert rebuilt.messages(3) == sampled  # and the record says so
+
+
+def test_an_edited_turn_is_not_canonicalised(
+    start_proxy: Callable[..., Proxy], canonical_backend: BackgroundServer
+) -> None:
+    proxy = start_proxy(backend_base_url=f"{canonical_backend.url}/v1")
+    harness = proxy.open("edited")
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix"}]
+    reply = harness.chat(history)["choices"][0]["message"]
+    edited_text = reply | {"content": "I looked around."}
+    call = reply["tool_calls"][0]
+    edited_args = reply | {
+        "tool_calls": [call | {"function": {"name": "shell", "arguments": '{"cmd": "ls", "cwd": "/"}'}}]
+    }
+    for edited in (edited_text, edited_args):
+        harness.chat([*history, edited, tool_result(call["id"], "a.py")])
+    summary = proxy.close("edited").json()
+    assert (summary["conversations"], summary["canonicalized_calls"]) == (3, 0)
+    records, rebuilt = proxy.records("edited"), PromptReconstructor()
+    assert [r["conversation_id"] for r in records] == [0, 1, 2]
+    for record in records:
+        rebuilt.add_model_call(record)
+    assert [rebuilt.messages(index)[2] for index in (1, 2)] == [edited_text, edited_args]  # forwarded as sent
+
+
+REASONING_REPLY = {
+    "role": "assistant",
+    "content": "Listing.",
+    "reasoning_content": "The user wants the files first.",
+    "tool_calls": [{"id": "call_r", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}],
+}
+
+
+def rendered_with_reasoning(messages: list[dict[str, Any]]) -> list[int]:
+    """A template that renders each message's content, reasoning and tool calls, one line each."""
+    keys = ("role", "content", "reasoning_content", "tool_calls")
+    lines = [json.dumps({key: message.get(key) for key in keys}, sort_keys=True) + "\n" for message in messages]
+    return [token for line in lines for token in encode_text(line)]
+
+
+@pytest.fixture(scope="module")
+def reasoning_backend() -> Iterator[BackgroundServer]:
+    """A backend answering with a reasoning block (then plain text once a tool result came), rendering reasoning."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        messages = (await request.json())["messages"]
+        done = any(message["role"] == "tool" for message in messages)
+        reply = {"role": "assistant", "content": "Done."} if done else REASONING_REPLY
+        completion = rendered_with_reasoning([reply])
+        trace = TokenTrace(
+            prompt_token_ids=rendered_with_reasoning(messages),
+            completion_token_ids=completion,
+            completion_logprobs=[0.0] * len(completion),
+            policy_version=1,
+        )
+        choice = {"index": 0, "message": reply, "finish_reason": "stop" if done else "tool_calls"}
+        return JSONResponse({"id": "x", "object": "chat.completion", "choices": [choice], **trace.as_field()})
+
+    with BackgroundServer(app) as server:
+        yield server
+
+
+def test_a_dropped_reasoning_block_is_restored(
+    start_proxy: Callable[..., Proxy], reasoning_backend: BackgroundServer
+) -> None:
+    proxy = start_proxy(backend_base_url=f"{reasoning_backend.url}/v1")
+    harness = proxy.open("reasoning")
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Fix"}]
+    reply = harness.chat(history)["choices"][0]["message"]
+    assert reply == REASONING_REPLY
+    dropped = reserialized({k: v for k, v in reply.items() if k != "reasoning_content"}, "compact")
+    harness.chat([*history, dropped, tool_result("call_r", "a.py")])
+    summary = proxy.close("reasoning").json()
+    assert (summary["conversations"], summary["canonicalized_calls"]) == (1, 1)
+    rebuilt = assert_one_conversation(proxy, "reasoning", 2)
+    assert rebuilt.messages(1) == [*history, REASONING_REPLY, tool_result("call_r", "a.py")]

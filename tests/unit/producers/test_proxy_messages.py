@@ -341,6 +341,7 @@ def test_a_chat_stream_becomes_a_well_formed_messages_stream() -> None:
             ],
             "tool_calls",
             TRACE,
+            reasoning="Think",
         )
     ]
 
