@@ -73,13 +73,15 @@ class EpisodeRecorder:
         timestamp_ms: int | None = None,
         model: str | None = None,
         retokenized: bool = False,
+        canonicalized_messages: Sequence[int] = (),
     ) -> int:
         """Publish one model call; return its call index.
 
         ``timestamp_ms``: when the request was received (default: now); ``model``: the model the request named
         (default: the episode's); ``retokenized``: the token ids come from tokenizing text afterwards (imported
-        data), not from the engine's sampling, so ``logprobs`` is empty. ``harness_api``: the API the harness spoke
-        (default: ``api_flavour``, the form the messages are recorded in; MESSAGES is recorded in CHAT form).
+        data), not from the engine's sampling, so ``logprobs`` is empty; ``canonicalized_messages``: indexes of the
+        request's assistant turns the proxy put back as sampled (ModelCall v3). ``harness_api``: the API the harness
+        spoke (default: ``api_flavour``, the form the messages are recorded in; MESSAGES is recorded in CHAT form).
         """
         index = self.calls
         delta = self._encoder.encode(
@@ -107,6 +109,7 @@ class EpisodeRecorder:
             "completion_token_ids": np.asarray(completion_ids, dtype=np.int32),
             "completion_logprobs": np.asarray(logprobs, dtype=np.float32),
             "retokenized": retokenized,
+            "canonicalized_messages": [int(index) for index in canonicalized_messages],
             "latency_ms": latency_ms,
             "timestamp": now_ms() if timestamp_ms is None else timestamp_ms,
         }

@@ -3,7 +3,7 @@
 What a reader of a topic wants to see, not the wire form:
 
 - a ``bytes`` value that is itself a single-object Avro record of the catalog (a ``Trajectory``'s ``calls`` and
-  ``outcome``, a ``DeadLetter``'s ``original``) becomes ``{"schema": "ModelCall/v2", "record": {...}}``, decoded the
+  ``outcome``, a ``DeadLetter``'s ``original``) becomes ``{"schema": "ModelCall/v3", "record": {...}}``, decoded the
   same way, up to ``MAX_DEPTH`` levels; other bytes stay base64 (a poison record's bytes are shown as they are);
 - a string field named ``*_json`` (``request_messages_json``, ``details_json``, ...) holding valid JSON becomes that
   JSON value, so messages and tool calls read as objects;

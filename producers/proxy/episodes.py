@@ -257,6 +257,7 @@ class EpisodeSession:
             conversation_id=conversation,
             timestamp_ms=call.timestamp_ms,
             model=request.model,
+            canonicalized_messages=request.canonicalized,
         )
         self.produced += 1
         self.last_policy_version = trace.policy_version

@@ -1104,6 +1104,9 @@ def test_re_serialised_turns_are_forwarded_as_sampled(
     summary = proxy.close(harness.episode_id).json()
     assert (summary["calls_recorded"], summary["conversations"], summary["canonicalized_calls"]) == (4, 1, 3)
     rebuilt = assert_one_conversation(proxy, harness.episode_id, 4)
+    # each record names the assistant turns it put back as sampled (every one the harness re-serialised)
+    canonicalized = [r["canonicalized_messages"] for r in proxy.records(harness.episode_id)]
+    assert canonicalized == [[], [2], [2, 4], [2, 4, 6]]
     body = {"model": "policy", "messages": sampled, "tools": TOOLS, "temperature": 0.7}
     expected = direct_trace(canonical_backend, "/chat/completions", body, f"direct-canonical-{stream}")
     assert rebuilt.prompt(3).tolist() == expected.prompt_token_ids  # the engine was shown what it sampled
@@ -1128,6 +1131,7 @@ def test_an_edited_turn_is_not_canonicalised(
     assert (summary["conversations"], summary["canonicalized_calls"]) == (3, 0)
     records, rebuilt = proxy.records("edited"), PromptReconstructor()
     assert [r["conversation_id"] for r in records] == [0, 1, 2]
+    assert [r["canonicalized_messages"] for r in records] == [[], [], []]
     for record in records:
         rebuilt.add_model_call(record)
     assert [rebuilt.messages(index)[2] for index in (1, 2)] == [edited_text, edited_args]  # forwarded as sent

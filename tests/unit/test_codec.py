@@ -78,6 +78,7 @@ def model_call(**overrides: Any) -> dict[str, Any]:
         "completion_token_ids": pack_token_ids([8_156, 13, 151_645]),
         "completion_logprobs": pack_logprobs([-0.25, -1.5, -0.0078125]),
         "retokenized": False,
+        "canonicalized_messages": [],
         "latency_ms": 1_234.5,
         "timestamp": T0,
     }
@@ -169,32 +170,32 @@ def test_int_millisecond_timestamps_are_accepted() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"call_index": 1.5}, "ModelCall v2: call_index: expected int, got float 1.5"),
-        ({"call_index": 2**31}, "ModelCall v2: call_index: expected int, got int 2147483648"),
-        ({"retokenized": 1}, "ModelCall v2: retokenized: expected boolean, got int 1"),
-        ({"policy_version": True}, "ModelCall v2: policy_version: expected long, got bool True"),
+        ({"call_index": 1.5}, "ModelCall v3: call_index: expected int, got float 1.5"),
+        ({"call_index": 2**31}, "ModelCall v3: call_index: expected int, got int 2147483648"),
+        ({"retokenized": 1}, "ModelCall v3: retokenized: expected boolean, got int 1"),
+        ({"policy_version": True}, "ModelCall v3: policy_version: expected long, got bool True"),
         (
             {"api_flavour": "COMPLETIONS"},
-            "ModelCall v2: api_flavour: expected one of ['CHAT', 'RESPONSES'], got str 'COMPLETIONS'",
+            "ModelCall v3: api_flavour: expected one of ['CHAT', 'RESPONSES'], got str 'COMPLETIONS'",
         ),
-        ({"prompt_base_call_index": "3"}, "ModelCall v2: prompt_base_call_index: expected null or int, got str '3'"),
+        ({"prompt_base_call_index": "3"}, "ModelCall v3: prompt_base_call_index: expected null or int, got str '3'"),
         (
             {"timestamp": "2026-11-29"},
-            "ModelCall v2: timestamp: expected timezone-aware datetime or int (timestamp-millis), got str '2026-11-29'",
+            "ModelCall v3: timestamp: expected timezone-aware datetime or int (timestamp-millis), got str '2026-11-29'",
         ),
         (
             {"timestamp": datetime(2026, 11, 29)},
-            "ModelCall v2: timestamp: expected timezone-aware datetime or int (timestamp-millis), got datetime "
+            "ModelCall v3: timestamp: expected timezone-aware datetime or int (timestamp-millis), got datetime "
             "datetime.datetime(2026, 11, 29, 0, 0)",
         ),
-        ({"tokens": b""}, "ModelCall v2: unknown fields ['tokens']"),
+        ({"tokens": b""}, "ModelCall v3: unknown fields ['tokens']"),
         (
             {"completion_token_ids": b"\x00" * 6},
-            "ModelCall v2: field completion_token_ids: 6 bytes is not a whole number of int32 values",
+            "ModelCall v3: field completion_token_ids: 6 bytes is not a whole number of int32 values",
         ),
         (
             {"completion_token_ids": [0.5]},
-            "ModelCall v2: field completion_token_ids: cannot pack values of dtype float64 as int32",
+            "ModelCall v3: field completion_token_ids: cannot pack values of dtype float64 as int32",
         ),
     ],
 )
@@ -209,7 +210,7 @@ def test_encode_reports_every_missing_required_field() -> None:
     with pytest.raises(SchemaValidationError) as caught:
         Codec.default().encode("ModelCall", record)
     assert str(caught.value) == (
-        "ModelCall v2: run_id: missing (the field has no default); latency_ms: missing (the field has no default)"
+        "ModelCall v3: run_id: missing (the field has no default); latency_ms: missing (the field has no default)"
     )
 
 
@@ -266,7 +267,7 @@ def test_shorter_than_the_header() -> None:
 
 def test_truncated_body() -> None:
     data = Codec.default().encode("ModelCall", model_call())
-    with pytest.raises(CorruptRecordError, match=r"^ModelCall v2 body is unreadable: ") as caught:
+    with pytest.raises(CorruptRecordError, match=r"^ModelCall v3 body is unreadable: ") as caught:
         Codec.default().decode(data[:-1])
     assert caught.value.__cause__ is not None
 
@@ -275,7 +276,7 @@ def test_trailing_bytes() -> None:
     data = Codec.default().encode("ModelCall", model_call())
     with pytest.raises(CorruptRecordError) as caught:
         Codec.default().decode(data + b"\x00\x00")
-    assert str(caught.value) == "ModelCall v2 record has 2 trailing bytes"
+    assert str(caught.value) == "ModelCall v3 record has 2 trailing bytes"
 
 
 def test_packed_field_of_bad_length_is_corrupt() -> None:
@@ -360,7 +361,8 @@ def test_shipped_catalog_has_every_record() -> None:
         "Trajectory",
     ]
     assert [(sv.name, sv.version) for sv in catalog] == sorted(
-        [(name, 1) for name in catalog.names()] + [("EpisodeOutcome", 2), ("ModelCall", 2), ("StepScore", 2)]
+        [(name, 1) for name in catalog.names()]
+        + [("EpisodeOutcome", 2), ("ModelCall", 2), ("ModelCall", 3), ("StepScore", 2)]
     )
     assert catalog.by_fingerprint(catalog.current("ModelCall").fingerprint) is catalog.current("ModelCall")
 
@@ -397,8 +399,8 @@ def test_malformed_catalogs_are_rejected(tmp_path: Path, files: dict[str, str], 
 
 def test_unknown_versions_and_names() -> None:
     catalog = SchemaCatalog.load()
-    with pytest.raises(UnknownSchemaError, match="ModelCall has no version 3"):
-        catalog.get("ModelCall", 3)
+    with pytest.raises(UnknownSchemaError, match="ModelCall has no version 4"):
+        catalog.get("ModelCall", 4)
     with pytest.raises(UnknownSchemaError, match="cannot pin unknown schema names"):
         Codec(catalog, versions={"Nope": 1})
 

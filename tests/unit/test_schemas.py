@@ -47,6 +47,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "completion_token_ids": pack_token_ids(COMPLETION),
         "completion_logprobs": pack_logprobs(LOGPROBS),
         "retokenized": False,
+        "canonicalized_messages": [],
         "latency_ms": 2_417.25,
         "timestamp": T0,
     },
@@ -177,11 +178,22 @@ def test_round_trip(name: str) -> None:
 
 
 def test_model_call_v1_records_read_as_v2_with_no_harness_api_and_v2_records_read_as_v1() -> None:
-    v1, v2 = Codec(SchemaCatalog.load(), versions={"ModelCall": 1}), Codec.default()
-    old = {key: value for key, value in SAMPLES["ModelCall"].items() if key != "harness_api"}
+    v1, v2 = (Codec(SchemaCatalog.load(), versions={"ModelCall": version}) for version in (1, 2))
+    sample = {key: value for key, value in SAMPLES["ModelCall"].items() if key != "canonicalized_messages"}
+    old = without_api(sample)
     assert v2.decode(v1.encode("ModelCall", old)) == DecodedRecord("ModelCall", 1, 2, old | {"harness_api": None})
-    messages = SAMPLES["ModelCall"] | {"api_flavour": "CHAT", "harness_api": "MESSAGES"}
+    messages = sample | {"api_flavour": "CHAT", "harness_api": "MESSAGES"}
     assert v1.decode(v2.encode("ModelCall", messages)) == DecodedRecord("ModelCall", 2, 1, without_api(messages))
+
+
+def test_model_call_v2_records_read_as_v3_with_no_canonicalized_turns_and_v3_records_read_as_v2() -> None:
+    v2, v3 = Codec(SchemaCatalog.load(), versions={"ModelCall": 2}), Codec.default()
+    old = {key: value for key, value in SAMPLES["ModelCall"].items() if key != "canonicalized_messages"}
+    assert v3.decode(v2.encode("ModelCall", old)) == DecodedRecord(
+        "ModelCall", 2, 3, old | {"canonicalized_messages": []}
+    )
+    new = SAMPLES["ModelCall"] | {"canonicalized_messages": [1, 3]}
+    assert v2.decode(v3.encode("ModelCall", new)) == DecodedRecord("ModelCall", 3, 2, old)
 
 
 def test_step_score_v1_records_read_as_v2_with_no_count_and_v2_records_read_as_v1() -> None:

@@ -53,7 +53,7 @@ def test_tail_prints_json_lines_with_token_arrays_unpacked(demo_dir: Path) -> No
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 3
-    assert {line["schema"] for line in lines} == {"ModelCall/v2"}
+    assert {line["schema"] for line in lines} == {"ModelCall/v3"}
     first = lines[0]["record"]
     assert isinstance(first["completion_token_ids"], list) and all(
         isinstance(t, int) for t in first["completion_token_ids"]

@@ -84,7 +84,7 @@ def test_a_trajectory_shows_its_calls_and_outcome_as_decoded_records(recorded, m
     [line] = tail(config, TRAJECTORIES, "--episode", "ep-a", monkeypatch=monkeypatch)
     record, episode = line["record"], episodes["ep-a"]
     assert (line["schema"], record["episode_id"], record["task_id"]) == ("Trajectory/v1", "ep-a", "alpha")
-    assert [call["schema"] for call in record["calls"]] == ["ModelCall/v2"] * CALLS
+    assert [call["schema"] for call in record["calls"]] == ["ModelCall/v3"] * CALLS
     calls = [CODEC.decode(c.value).record for c in episode.calls]
     assert [c["record"]["completion_token_ids"] for c in record["calls"]] == [
         unpack_array(c["completion_token_ids"], "int32").tolist() for c in calls
@@ -125,7 +125,7 @@ def test_a_dead_letter_shows_its_original_decoded_and_is_found_by_its_episode(re
     config, episodes = recorded
     [letter] = tail(config, DEAD_LETTERS, "--episode", "ep-a", monkeypatch=monkeypatch)
     original = letter["record"]["original"]
-    assert (original["schema"], original["record"]["call_index"]) == ("ModelCall/v2", 1)
+    assert (original["schema"], original["record"]["call_index"]) == ("ModelCall/v3", 1)
     assert letter["record"]["source_key"] == base64.b64encode(b"ep-a").decode()  # not a record: kept as base64
     assert tail(config, DEAD_LETTERS, "--episode", "ep-b", monkeypatch=monkeypatch) == []
 
