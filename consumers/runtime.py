@@ -24,6 +24,7 @@ processors offline over a range of recorded topics.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -39,7 +40,7 @@ from consumers.state import ChangelogStateStore
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, TransactionalProducer, TransactionError
 from orchard.bus.base import StartPosition
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
-from orchard.bus.exceptions import TransactionPendingError
+from orchard.bus.exceptions import MemberFencedError, TransactionPendingError
 from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.exceptions import OrchardError
@@ -49,6 +50,7 @@ from orchard.topics import DEAD_LETTERS, TOPICS_BY_NAME
 
 log = get_logger("consumers.runtime")
 DEFAULT_LETTER_LIMIT = 1_000_000  # without a producer to ask: Kafka's default record limit
+FENCED_AGAIN_S = 60.0  # a member fenced twice within this: another instance uses its id
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +318,7 @@ class ConsumerRuntime:
         self.stats = RuntimeStats()
         self._stop = False
         self._now = 0
+        self._fenced_at = -math.inf
         self.log = log.bind(group=self.group, instance=self.instance_id)
 
     def stop(self) -> None:
@@ -373,7 +376,11 @@ class ConsumerRuntime:
         next_progress = time.monotonic() + self.config.progress_interval_s
         try:
             while not self._stop:
-                batch = consumer.poll(self.config.max_poll_records, self.config.poll_timeout_s)
+                try:
+                    batch = consumer.poll(self.config.max_poll_records, self.config.poll_timeout_s)
+                except MemberFencedError as exc:
+                    self._note_fenced(exc)
+                    return idle_since
                 assignment = set(consumer.assignment())
                 if assignment != restored_for:
                     self._restore(state, assignment)
@@ -398,6 +405,16 @@ class ConsumerRuntime:
             consumer.close()
             producer.close()
         return idle_since
+
+    def _note_fenced(self, exc: MemberFencedError) -> None:
+        """A fenced member starts a fresh session (state restored, from the committed offsets): librdkafka fences a
+        static member that rejoins after a session time-out (a coordinator broker lost), with no other process
+        involved. Fenced again within ``FENCED_AGAIN_S``, another instance really uses this id: raise."""
+        now = time.monotonic()
+        if now - self._fenced_at < FENCED_AGAIN_S:
+            raise exc
+        self._fenced_at = now
+        self.log.warning("consumer fenced; starting a fresh session", again_within_s=FENCED_AGAIN_S)
 
     def _caught_up(self, consumer: Consumer) -> bool:
         """Whether every assigned partition has been read to its end, so idle time may count as time passing.

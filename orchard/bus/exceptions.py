@@ -36,5 +36,10 @@ class TransactionPendingError(BusError):
     (or with the next producer of the same transactional id). Do not retry it: that would write it twice."""
 
 
+class MemberFencedError(BusError):
+    """A static group member was fenced: another consumer joined with its ``group.instance.id``, or (librdkafka
+    issue #3437) this one rejoined after a session time-out while its old membership was still being answered."""
+
+
 class ConsumerClosedError(BusError):
     """The consumer was used after ``close()``."""

@@ -19,6 +19,7 @@ another with the same ``group.instance.id`` raises at its next ``poll`` instead 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -55,12 +56,14 @@ from orchard.bus.exceptions import (
     BusUnavailableError,
     ConsumerClosedError,
     DeliveryError,
+    MemberFencedError,
     TopicExistsError,
     TopicNotFoundError,
     TransactionError,
 )
 from orchard.bus.kafka_faults import (
     FENCED_CODES,
+    SETTLING_CODES,
     RetryPolicy,
     choose_replication,
     describe,
@@ -95,6 +98,7 @@ class KafkaBus(Bus):
         self.retry = RetryPolicy(config.retry_timeout_s, config.retry_backoff_s, config.retry_backoff_max_s)
         self.admin = AdminClient(self.common)
         self._watermarks: RawConsumer | None = None
+        self._created: dict[str, float] = {}  # topics this bus created -> when (monotonic)
         try:
             metadata = self.admin.list_topics(timeout=config.connect_timeout_s)
         except KafkaException as exc:
@@ -144,6 +148,7 @@ class KafkaBus(Bus):
             if attempts == 1:
                 return
         self._wait_for_leaders(name, count)
+        self._created[name] = time.monotonic()
         log.info("topic created", topic=name, partitions=count, replication=factor, min_insync_replicas=min_isr)
 
     def _wait_for_leaders(self, name: str, count: int) -> None:
@@ -165,11 +170,19 @@ class KafkaBus(Bus):
         return sorted(name for name in topics if not name.startswith("__"))
 
     def partitions(self, name: str) -> int:
-        """Number of partitions of ``name``; ``TopicNotFoundError`` if absent."""
-        topic = self._metadata(f"read the metadata of {name!r}", name).topics.get(name)
-        if topic is None or topic.error is not None:
-            raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)")
-        return len(topic.partitions)
+        """Number of partitions of ``name``; ``TopicNotFoundError`` if absent.
+
+        A topic this bus created a moment ago may still be unknown to the broker that answers (each broker learns
+        of it from the controller in its own time): it is asked again until ``request_timeout_s`` after the creation.
+        """
+        settled = self._created.get(name, -math.inf) + self.timeout_s
+        while True:
+            topic = self._metadata(f"read the metadata of {name!r}", name).topics.get(name)
+            if topic is not None and topic.error is None:
+                return len(topic.partitions)
+            if time.monotonic() >= settled:
+                raise TopicNotFoundError(f"topic {name!r} does not exist (create it with `orchard topics create`)")
+            time.sleep(0.1)
 
     def describe_topic(self, name: str) -> TopicInfo:
         """Partitions with their low and high watermarks."""
@@ -186,13 +199,26 @@ class KafkaBus(Bus):
 
     def watermarks(self, part: RawTopicPartition) -> tuple[int, int]:
         """Low and high watermark, retrying while the partition's leader is unreachable, moving or settling."""
-        reader = self._reader()
-        low, high = self.request(
-            f"read offsets of {part.topic}[{part.partition}]",
-            lambda: reader.get_watermark_offsets(part, timeout=self.timeout_s, cached=False),
-            retry_if=transient_or_settling,
-        )
-        return int(low), int(high)
+
+        def query() -> tuple[int, int]:
+            try:
+                low, high = self._reader().get_watermark_offsets(part, timeout=self.timeout_s, cached=False)
+            except KafkaException as exc:
+                self._drop_stale_reader(exc)
+                raise
+            return int(low), int(high)
+
+        return self.request(f"read offsets of {part.topic}[{part.partition}]", query, retry_if=transient_or_settling)
+
+    def _drop_stale_reader(self, exc: KafkaException) -> None:
+        """Close the reader after it called a known partition unknown: a broker restarting answered its metadata
+        request before it had caught up, and the reader (subscribed to nothing) would keep that answer for good, so
+        the next attempt asks with a fresh client."""
+        error = error_of(exc)
+        if error is not None and error.code() in SETTLING_CODES and self._watermarks is not None:
+            log.info("watermark reader has stale metadata; reopening it", error=error.str())
+            self._watermarks.close()
+            self._watermarks = None
 
     def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
         """The offsets ``group`` has committed (an OffsetFetch through the admin client: nobody joins the group)."""
@@ -216,8 +242,16 @@ class KafkaBus(Bus):
         query = [RawTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in parts]
         if not query:
             return {}
-        reader = self._reader()
-        found = self.request("look up offsets by time", lambda: reader.offsets_for_times(query, timeout=self.timeout_s))
+
+        def lookup() -> list[RawTopicPartition]:
+            try:
+                found: list[RawTopicPartition] = self._reader().offsets_for_times(query, timeout=self.timeout_s)
+            except KafkaException as exc:
+                self._drop_stale_reader(exc)
+                raise
+            return found
+
+        found = self.request("look up offsets by time", lookup)
         offsets = {TopicPartition(part.topic, part.partition): part.offset for part in found}
         return {tp: offsets[tp] if offsets.get(tp, -1) >= 0 else ends[tp] for tp in parts}
 
@@ -569,7 +603,7 @@ class KafkaConsumer(Consumer):
             log.warning("consumer error", error=error.str())
             return
         if error.code() in FENCED_CODES or "fenced" in error.str().lower():
-            raise BusError(
+            raise MemberFencedError(
                 f"consumer of group {self.group!r} was fenced: another consumer joined the group with the same "
                 f"group.instance.id {self.instance_id!r}, and only one may use it; give each process its own "
                 f"instance id ({error.str()})"

@@ -29,6 +29,8 @@ TRANSIENT_CODES = frozenset(
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._WAIT_COORD,
         KafkaError._RESOLVE,
+        KafkaError._DESTROY_BROKER,  # a request queued on a broker handle librdkafka replaced (a broker restarted)
+        KafkaError._NODE_UPDATE,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError.NETWORK_EXCEPTION,
         KafkaError.LEADER_NOT_AVAILABLE,
