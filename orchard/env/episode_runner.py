@@ -124,6 +124,7 @@ class LocalEpisodeRunner:
         self._calls: dict[str, int] = {}
         self._counts: dict[str, dict[str, int]] = {}
         self._versions: dict[str, int | None] = {}
+        self._published: set[str] = set()  # episodes whose outcome is sent (or being sent): never a second one
 
     def check(self, request: dict[str, Any]) -> None:
         """Refuse a request that could never run: an unknown task or harness, harness options the adapter refuses."""
@@ -197,7 +198,8 @@ class LocalEpisodeRunner:
         return state
 
     async def report(self, episode: Episode, state: EpisodeState, error: str | None) -> None:
-        """Close what is open and publish the outcome of an episode that did not finish."""
+        """Close what is open and publish the outcome of an episode that did not finish (none when its outcome was
+        already sent: a cancellation that lands after ``run`` published must not add a second one)."""
         try:
             self._note_calls(episode, await self.proxy.close_episode(episode.episode_id))
         except InfrastructureError as exc:
@@ -244,6 +246,9 @@ class LocalEpisodeRunner:
     async def _publish(
         self, episode: Episode, state: EpisodeState, verdict: Grade | None, error: str | None, run: HarnessRun | None
     ) -> None:
+        if episode.episode_id in self._published:
+            log.info("outcome already published", episode=episode.episode_id, status_not_sent=state.value)
+            return
         request = episode.request
         record = {
             "run_id": self.run_id,
@@ -263,7 +268,19 @@ class LocalEpisodeRunner:
             "error": error,
         }
         value = self.codec.encode("EpisodeOutcome", record)
-        await asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
+        self._published.add(episode.episode_id)
+        sending = asyncio.ensure_future(
+            asyncio.to_thread(self.producer.send, self.outcomes_topic, value, episode.episode_id.encode())
+        )
+        try:
+            # shielded: a cancellation now must neither stop the send (its thread runs on anyway) nor let report()
+            # publish a CANCELLED outcome beside it
+            await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._published.discard(episode.episode_id)  # it did not go out: a report may still say what happened
+            raise
 
 
 def model_call_counts(summary: dict[str, Any]) -> dict[str, int]:
