@@ -43,7 +43,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -68,6 +67,9 @@ from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.rollout.scheduler import EnvSubmitter
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import LookupConfig, generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+from recipe_runs import embedded_component_env, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "bench-episodes"
@@ -116,28 +118,9 @@ def prepare(work: Path, episodes: int) -> Stack:
     return Stack(work, tasks / "train", demos)
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def component_env(stack: Stack, admin: str) -> dict[str, str]:
-    """What ``orchard run`` gives its components: the run, the bus, the store, the secrets, quiet logs."""
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "ORCHARD_RUN_ID": RUN_ID,
-        "ORCHARD_BUS__TYPE": "embedded",
-        "ORCHARD_BUS__PATH": str(stack.work / "bus"),
-        "ORCHARD_STORE__TYPE": "local",
-        "ORCHARD_STORE__PATH": str(stack.work / "store"),
-        "ORCHARD_LOG_LEVEL": "WARNING",
-        "ORCHARD_LOG_FORMAT": "json",
-        "ORCHARD_PROXY_ADMIN_TOKEN": admin,
-        "ORCHARD_ENV_TOKEN": stack.token,
-    }
+    """What ``orchard run`` gives its components (``recipe_runs.embedded_component_env``)."""
+    return embedded_component_env(stack.work, RUN_ID, admin, stack.token)
 
 
 def start(stack: Stack, concurrency: int) -> None:

@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,9 @@ from orchard.prefix_delta import PromptReconstructor
 from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.rollout.scheduler import EnvSubmitter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+from recipe_runs import embedded_component_env, free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "bench-harness-local-engine"
@@ -152,28 +154,9 @@ def write_task(tasks: Path) -> Path:
     return tasks
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def component_env(stack: Stack) -> dict[str, str]:
-    """What ``orchard run`` gives its components: the run, the bus, the store, the secrets, quiet logs."""
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "ORCHARD_RUN_ID": RUN_ID,
-        "ORCHARD_BUS__TYPE": "embedded",
-        "ORCHARD_BUS__PATH": str(stack.work / "bus"),
-        "ORCHARD_STORE__TYPE": "local",
-        "ORCHARD_STORE__PATH": str(stack.work / "store"),
-        "ORCHARD_LOG_LEVEL": "WARNING",
-        "ORCHARD_LOG_FORMAT": "json",
-        "ORCHARD_PROXY_ADMIN_TOKEN": stack.admin_token,
-        "ORCHARD_ENV_TOKEN": stack.env_token,
-    }
+    """What ``orchard run`` gives its components (``recipe_runs.embedded_component_env``)."""
+    return embedded_component_env(stack.work, RUN_ID, stack.admin_token, stack.env_token)
 
 
 def commands(stack: Stack, model: str, max_tokens: int, ports: dict[str, int]) -> dict[str, list[str]]:

@@ -21,6 +21,24 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def embedded_component_env(work: Path, run_id: str, admin_token: str, env_token: str) -> dict[str, str]:
+    """What ``orchard run`` gives its components, for a stack under ``work``: the run, an embedded bus and a local
+    store there, the proxy's and the Env's tokens, quiet JSON logs, and this checkout on ``PYTHONPATH``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "ORCHARD_RUN_ID": run_id,
+        "ORCHARD_BUS__TYPE": "embedded",
+        "ORCHARD_BUS__PATH": str(work / "bus"),
+        "ORCHARD_STORE__TYPE": "local",
+        "ORCHARD_STORE__PATH": str(work / "store"),
+        "ORCHARD_LOG_LEVEL": "WARNING",
+        "ORCHARD_LOG_FORMAT": "json",
+        "ORCHARD_PROXY_ADMIN_TOKEN": admin_token,
+        "ORCHARD_ENV_TOKEN": env_token,
+    }
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as sock:
