@@ -20,7 +20,8 @@ from pathlib import Path
 # Run as a script, this folder comes first on sys.path, where this file would shadow Hugging Face `datasets` and
 # a benchmarks/consumers.py the `consumers` package: look modules up from the repository root instead.
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+if __name__ == "__main__":
+    sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 import argparse  # noqa: E402
 import json  # noqa: E402

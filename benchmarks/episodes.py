@@ -68,8 +68,12 @@ from producers.rollout.scheduler import EnvSubmitter
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import LookupConfig, generate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_runs import embedded_component_env, free_port  # noqa: E402
+
+sys.path.remove(str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "bench-episodes"

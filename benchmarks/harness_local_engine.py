@@ -63,8 +63,12 @@ from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.rollout.scheduler import EnvSubmitter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_runs import embedded_component_env, free_port  # noqa: E402
+
+sys.path.remove(str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_ID = "bench-harness-local-engine"

@@ -59,9 +59,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from transformers.utils import logging as hf_logging
 
 HERE = Path(__file__).resolve().parent
-# its sibling module, found last: python puts benchmarks/ first, and benchmarks/datasets.py would shadow ``datasets``
+# its sibling module, found last (python puts benchmarks/ first, and benchmarks/datasets.py would shadow
+# ``datasets``); the folder then leaves sys.path, so a test that loads this file by path finds what it found before
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 from copy_task import PROMPT_TOKENS, Prompt, copy_reward, greedy_success, split, training_prompts, warm_start  # noqa: E402
+
+sys.path.remove(str(HERE))
 
 from consumers.advantages import group_advantages  # noqa: E402
 from orchard.artifacts import policy_artifact_name  # noqa: E402

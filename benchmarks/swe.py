@@ -28,7 +28,9 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_runs import (  # noqa: E402
     REPO,
     log_events,
@@ -41,6 +43,8 @@ from recipe_runs import (  # noqa: E402
     stage_walls,
     trainer_line,
 )
+
+sys.path.remove(str(Path(__file__).resolve().parent))
 
 from orchard.topics import OUTCOMES  # noqa: E402
 
