@@ -10,6 +10,10 @@ relative to the base recipe, like the base's own.
 cannot be set this way), ``VALUE`` is read as YAML (``10`` an int, ``[a, b]`` a list, ``null``, ``'10'`` a string).
 Missing mappings on the way are created; indexing past a list's end, or into a scalar, is an error naming the path.
 
+A component set to ``null`` (``components: {eval-rerank: null}`` in an overlay, or ``--set components.X=null``)
+is removed: an overlay can trim a recipe to the stages it keeps. A stage that still names it fails validation, naming
+the stage and the component.
+
 Templates remove copies inside one recipe: a top-level ``templates:`` mapping holds named partial component specs,
 and a component with ``template: NAME`` starts from that template with its own keys merged over it (a template may
 name a ``template`` of its own; a cycle or an unknown name is an error naming the component). Lists are replaced whole
@@ -157,6 +161,14 @@ def _expanded(spec: dict[str, Any], templates: Mapping[str, Any], where: str, se
     return merge(_expanded(template, templates, f"{TEMPLATES_KEY}.{name}", (*seen, name)), own)
 
 
+def _without_removed_components(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the components a layer set to ``null`` (a component spec is never null otherwise)."""
+    components = data.get("components")
+    if not isinstance(components, dict) or all(spec is not None for spec in components.values()):
+        return data
+    return {**data, "components": {name: spec for name, spec in components.items() if spec is not None}}
+
+
 def replace_run_id(data: Any, run_id: str) -> Any:
     """Every string in ``data`` with ``{run_id}`` replaced by ``run_id``."""
     if isinstance(data, str):
@@ -189,7 +201,7 @@ def layered_recipe(path: Path, overlays: Sequence[Path] = (), sets: Sequence[str
         data = merge(data, read_yaml_mapping(overlay, "overlay"))
     for assignment in sets:
         data = apply_set(data, assignment)
-    data = expand_templates(data)
+    data = expand_templates(_without_removed_components(data))
     run_id = data.get("run_id")
     if isinstance(run_id, str):
         return replace_run_id(data, run_id)

@@ -134,3 +134,14 @@ def test_an_overlay_that_is_not_a_mapping_is_refused_naming_it(tmp_path: Path) -
     overlay.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match=r"overlay .*bad\.yaml must be a mapping"):
         load_run_config(recipe, [overlay])
+
+
+def test_a_component_set_to_null_is_removed_and_a_stage_still_naming_it_fails_naming_both(tmp_path: Path) -> None:
+    (tmp_path / "plan.yaml").write_text("steps: []\n")
+    recipe = write(tmp_path / "recipe.yaml", BASE)
+    trim = write(tmp_path / "trim.yaml", {"components": {"proxy": None}})
+    assert sorted(load_run_config(recipe, [trim]).components) == ["engine"]
+    assert sorted(load_run_config(recipe, sets=["components.proxy=null"]).components) == ["engine"]
+    staged = write(tmp_path / "staged.yaml", {**BASE, "stages": [{"name": "serve", "components": ["proxy"]}]})
+    with pytest.raises(ConfigError, match=r"stages\.0\.components: 'proxy' is not a component"):
+        load_run_config(staged, [trim])
