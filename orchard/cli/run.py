@@ -101,7 +101,7 @@ def _view(
     metrics: BusMetrics, supervisor: Supervisor, directory: RunDir, *, no_live: bool, plain: bool, status_every: float
 ) -> RunScreen:
     """Structured log lines (``--no-live``), plain lines (``--plain``, or output that is not a terminal), or the
-    live table."""
+    live screen (the stage, its progress and figures, the components folded per stage, fitted to the terminal)."""
     from orchard.run.live import LiveView, LogView
     from orchard.run.plain import PlainView
 
@@ -109,7 +109,7 @@ def _view(
         return LogView(metrics)
     if plain or not console.is_terminal:
         return PlainView(metrics, supervisor.stages, directory, every_s=status_every)
-    return LiveView(metrics, console=console)
+    return LiveView(metrics, supervisor.stages, directory, console=console)
 
 
 class StopSignal:

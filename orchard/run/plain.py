@@ -3,7 +3,8 @@
 A file, a pipe or a CI log gets, as they happen: the run's stages starting and ending (``stage 2/4 sft started``),
 each component starting, becoming healthy, exiting, failing (with the last lines of its log), restarting or being
 stopped, prefixed with the stage that lists it; and every ``every_s`` seconds a status line with the elapsed time,
-the current stage (k of n), how many components are up, the record counts, the newest policy version and the recent
+the current stage (k of n), its goals done of their totals with an ETA (``orchard.run.progress``), the latest loss
+and held-out figure, how many components are up, the record counts, the newest policy version and the recent
 reward and success rate. Lines are written and flushed one at a time, so ``tail -f`` on the file follows the run.
 Events are found by comparing each tick's states with the last ones: the supervisor needs no hook for them.
 """
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from orchard.run.live import BusMetrics, Metrics
+from orchard.run.live import BusMetrics, Metrics, RunProgress
+from orchard.run.progress import clock, focus_stage, latest_loss, progress_summary
 from orchard.run.rundir import RunDir
 from orchard.run.stages import StageRunner, StageState
 from orchard.run.supervisor import ComponentState
@@ -30,12 +32,6 @@ UP = ("starting", "healthy", "unhealthy")
 _LATER = ("stopping", "stopped")  # told after the stage events of the same tick: a stage's end stops them
 _SETTLED = ("pending", "stopped", "exited")
 _COUNTED = ((MODEL_CALLS, "calls"), (OUTCOMES, "episodes"), (TRAJECTORIES, "trajectories"), (SAMPLES, "samples"))
-
-
-def clock(seconds: float) -> str:
-    """``H:MM:SS``."""
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 def last_lines(path: Path, count: int = LOG_LINES_ON_FAILURE) -> list[str]:
@@ -66,6 +62,7 @@ class PlainView:
     ) -> None:
         self.metrics, self.stages, self.run_dir, self.every_s = metrics, stages, run_dir, every_s
         self.out = out or sys.stdout
+        self.progress = RunProgress(stages.config, run_dir.root.resolve())
         self._components: dict[str, tuple[str, int]] | None = None  # None until the first update
         self._last: list[ComponentState] = []
         self._status = ""  # the last status line written
@@ -110,12 +107,21 @@ class PlainView:
             self.say(self._status)
 
     def status_line(self, components: Sequence[ComponentState], metrics: Metrics) -> str:
-        """``status H:MM:SS | stage k/n NAME H:MM:SS | components | records | reward``."""
+        """``status H:MM:SS | stage k/n NAME H:MM:SS | goals | loss, held-out | components | records | reward``
+        (the goals and figures where known)."""
         parts = [f"status {clock(time.monotonic() - self._began)}"]
         stage = self.stages.current
+        figures = self.progress.figures(metrics, focus_stage(self.stages.stages))
         if stage is not None:
             since = f" {clock(time.time() - stage.started_at)}" if stage.started_at else ""
             parts.append(f"stage {self._position(stage)} {stage.config.name}{since}")
+            goals = self.progress.progress(stage, figures) if stage.status == "running" else []
+            parts += [", ".join(progress_summary(p) for p in goals)] if goals else []
+        latest = latest_loss(figures)
+        told = [f"loss {latest[2]:.4f} ({latest[0]} step {latest[1]})"] if latest else []
+        if figures.heldout:
+            told.append(f"held-out {figures.heldout[-1].stage} {figures.heldout[-1].success_rate:.1%}")
+        parts += [", ".join(told)] if told else []
         parts.append(_component_counts(components))
         parts.append(_figures(metrics))
         return " | ".join(parts)

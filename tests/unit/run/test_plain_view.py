@@ -1,11 +1,12 @@
 """``orchard run`` with its output piped (no terminal): a plain line per event, status lines, where to look at the
 end, and the exit code (0 completed, 1 failed, 1 for a --duration run with a component failing, 130 on SIGINT).
 
-Each test runs the installed command on a tiny recipe of command components (``sleep``, ``python -c``) in its own
-run directory, on the run's own embedded bus and store."""
+Each test but the last runs the installed command on a tiny recipe of command components (``sleep``, ``python -c``)
+in its own run directory, on the run's own embedded bus and store; the last one asks a view for its status line."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -13,6 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from orchard.config import OrchardConfig
+from orchard.run.config import load_run_config
+from orchard.run.live import Metrics, PublishedWeights
+from orchard.run.plain import PlainView
+from orchard.run.rundir import RunDir
+from orchard.run.stages import StageRunner
+from orchard.run.supervisor import ComponentState
 
 ORCHARD = str(Path(sys.executable).with_name("orchard"))
 PYTHON = sys.executable
@@ -163,3 +172,34 @@ def test_ctrl_c_stops_the_run_and_exits_130(tmp_path: Path) -> None:
         f"logs:    {root / 'logs'}",
         f"resume:  orchard run --resume {root}",
     ]
+
+
+class FakeMetrics:
+    """What ``BusMetrics`` gives a view, without a bus."""
+
+    def __init__(self) -> None:
+        self.config = OrchardConfig(run_id="file-lookup")
+
+    def read(self, *, fresh: bool = False) -> Metrics:
+        return Metrics(counts={"samples": 640}, weights={"policy": PublishedWeights("policy", 1, "file:///v1/", 400)})
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_status_line_tells_the_stage_goals_done_of_their_totals_and_the_latest_loss(tmp_path: Path) -> None:
+    config = load_run_config(Path(__file__).resolve().parents[3] / "recipes" / "file_lookup" / "recipe.yaml")
+    runner = StageRunner(config, probe=None)
+    for stage in runner.stages[:2]:
+        stage.status, stage.started_at, stage.ended_at = "completed", time.time() - 100, time.time() - 60
+    runner.stages[2].status, runner.stages[2].started_at = "running", time.time() - 60
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "metrics.jsonl").write_text('{"step": 412, "loss": 0.41234, "time": 1.0}\n')
+    view = PlainView(FakeMetrics(), runner, RunDir(tmp_path), out=io.StringIO())  # type: ignore[arg-type]
+    line = view.status_line([ComponentState("trainer", "policy-trainer", [], status="healthy")], FakeMetrics().read())
+    assert re.fullmatch(
+        r"status 0:00:00 \| stage 3/14 sft-successful 0:01:0\d \| trainer steps 412/1000 \(41%\) ETA - "
+        r"\| loss 0\.4123 \(trainer step 412\) \| components 1 up "
+        r"\| calls 0, episodes 0, trajectories 0, samples 640, policy v1",
+        line,
+    ), line
