@@ -65,6 +65,12 @@ class LossConfig(_Strict):
         None, gt=0.0, description="Clip range above 1 (asymmetric clipping); default: clip_eps."
     )
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL penalty to the frozen initial model (0: off).")
+    skip_zero_advantage: bool = Field(
+        False,
+        description="Skip (and count) RL samples whose every advantage is zero (a group that all succeeded or all "
+        "failed): with kl_coef 0 they carry no gradient, so they only dilute the step's token normalizer and cost a "
+        "forward and backward pass (DAPO's dynamic sampling). Ignored when kl_coef > 0.",
+    )
 
 
 class StalenessConfig(_Strict):

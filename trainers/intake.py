@@ -2,14 +2,18 @@
 
 A record is skipped (counted, logged) when it is another run's, of a kind the trainer does not train (``loss.kind``),
 longer than ``max_sample_tokens`` or holds token ids outside the model's vocabulary; undecodable and inconsistent
-records also go to the dead-letter topic. A record read again (a replayed pass, a restarted stage) is judged again
-quietly: its letter, count and log line were written the first time.
+records also go to the dead-letter topic. With ``skip_zero_advantage`` an RL sample whose advantages are all zero on
+its loss tokens is skipped too (``samples_skipped_zero_advantage``, no warning: it is the normal fate of a uniform
+group, and it carries no gradient when the loss has no KL term). A record read again (a replayed pass, a restarted
+stage) is judged again quietly: its letter, count and log line were written the first time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from orchard.bus import Record
 from orchard.bus.dead_letter import DeadLetterRouter
@@ -33,6 +37,7 @@ class SampleIntake:
     max_sample_tokens: int | None
     codec: Codec
     metrics: TrainerMetrics
+    skip_zero_advantage: bool = False
 
     def take(self, record: Record, router: DeadLetterRouter) -> Sample | None:
         """The record's sample, or None (dead-lettered, or skipped with a count and a log line)."""
@@ -50,6 +55,9 @@ class SampleIntake:
                 self.metrics.count("samples_skipped")
                 return None
             reason = self.shape_problem(sample)
+            if reason is None and self.uninformative(sample):
+                self.metrics.count("samples_skipped_zero_advantage")
+                return None
             if reason is None:
                 return sample
         log.warning("sample skipped", sample_id=fields["sample_id"], reason=reason, offset=record.offset)
@@ -65,7 +73,13 @@ class SampleIntake:
             sample = sample_from_record(decoded.record)
         except (SerializationError, InvalidSampleError):
             return None
-        return sample if self.shape_problem(sample) is None else None
+        return sample if self.shape_problem(sample) is None and not self.uninformative(sample) else None
+
+    def uninformative(self, sample: Sample) -> bool:
+        """Whether ``sample`` is an RL sample with no non-zero advantage on a loss token (and such are skipped)."""
+        if not self.skip_zero_advantage or sample.kind != "RL":
+            return False
+        return not bool(np.any(sample.advantages[1:][sample.loss_mask[1:] > 0] != 0.0))
 
     def shape_problem(self, sample: Sample) -> str | None:
         """Why the model cannot take ``sample`` (too long, token ids outside its vocabulary), or None."""

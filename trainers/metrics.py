@@ -47,6 +47,7 @@ _COUNTERS = {
     "samples_dropped_stale": "Samples dropped as stale (lag over max_policy_lag)",
     "samples_downweighted_stale": "Samples kept with a reduced weight as stale",
     "samples_skipped": "Samples skipped: undecodable, invalid, too long, or of a kind this trainer does not train",
+    "samples_skipped_zero_advantage": "RL samples skipped because every advantage is zero (loss.skip_zero_advantage)",
     "versions_published": "Policy versions published",
     "checkpoints": "Checkpoints saved",
 }

@@ -388,7 +388,9 @@ class PolicyTrainer:
         context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         max_tokens = self.config.max_sample_tokens or context or None
         vocab_size = int(model.config.vocab_size)
-        self.intake = SampleIntake(self.run_id, self.config.loss.kind, vocab_size, max_tokens, self.codec, self.metrics)
+        skip_zero = self.config.loss.skip_zero_advantage and self.config.loss.kl_coef == 0.0
+        self.intake = SampleIntake(self.run_id, self.config.loss.kind, vocab_size, max_tokens, self.codec, self.metrics,
+                                   skip_zero_advantage=skip_zero)  # fmt: skip
         if self.config.loss.kl_coef > 0.0:
             reference = load_policy_model(self.config.model).to(self.device).eval()
             reference.requires_grad_(False)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -36,6 +37,7 @@ from orchard.engines.server import serve_in_thread
 from orchard.engines.tiny import build_tiny_checkpoint
 from orchard.engines.token_trace import trace_of
 from orchard.store import open_store
+from orchard.tokens import pack_logprobs
 from orchard.topics import POLICY_VERSIONS
 from trainers.checkpoint import CheckpointStore
 from trainers.config import PolicyTrainerConfig, StalenessConfig
@@ -107,6 +109,27 @@ def test_stale_samples_are_dropped_or_downweighted_as_configured(tmp_path: Path,
     assert summary.offsets == {} and trainer.consumed == {"samples": {0: 8}}  # no checkpoint: publish_on_exit off
     resolved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert resolved["trainer"]["staleness"]["policy"] == policy and resolved["run_id"] == "r1"
+
+
+@pytest.mark.parametrize(("skip", "kl_coef", "trained"), [(True, 0.0, 4), (False, 0.0, 6), (True, 0.1, 6)])
+def test_rl_samples_with_only_zero_advantages_are_skipped_and_counted_when_asked_and_no_kl_term_needs_them(
+    tmp_path: Path, skip: bool, kl_coef: float, trained: int
+) -> None:
+    orchard = _orchard(tmp_path)
+    records = [synthetic_sample(i, run_id="r1", vocab_size=TINY_VOCAB, length=40) for i in range(6)]
+    for index in (1, 4):  # a uniform group's samples: every advantage 0
+        records[index]["advantages"] = pack_logprobs(np.zeros(40, dtype=np.float32))
+    with open_bus(orchard.bus) as bus:
+        produce_samples(bus, "samples", records)
+    config = _trainer_config(tmp_path, batch_tokens=4096, publish_on_exit=False, loss={"kind": "rl",
+                             "skip_zero_advantage": skip, "kl_coef": kl_coef})  # fmt: skip
+    trainer = PolicyTrainer(config, orchard)
+    summary = trainer.run()
+
+    assert summary.samples == trained and trainer.consumed == {"samples": {0: 6}}
+    exported = trainer.metrics.render().decode()
+    skipped = 'orchard_trainer_samples_skipped_zero_advantage_total{model="policy",run_id="r1"} 2.0'
+    assert (skipped in exported) == (trained == 4)
 
 
 def test_records_that_are_not_valid_samples_are_dead_lettered_and_skipped(tmp_path: Path) -> None:
