@@ -45,6 +45,9 @@ def rollout_run(
     budget: int = typer.Option(64, "--budget", min=1, help="BAR: rollouts per round over all tasks."),
     min_rollouts: int = typer.Option(2, "--min-rollouts", min=0, help="BAR: rollouts every task gets per round."),
     max_rollouts: int = typer.Option(32, "--max-rollouts", min=1, help="BAR: cap on one task's group per round."),
+    max_task_outcomes: int | None = typer.Option(
+        None, "--max-task-outcomes", min=1, help="BAR: a task with this many outcomes in the run gets no more rollouts."
+    ),
     episode_timeout: float | None = typer.Option(None, "--episode-timeout", min=1.0, help="Env's per-episode limit."),
     wait_timeout: float = typer.Option(
         3600.0, "--wait-timeout", min=1.0, help="Longest wait for a round's (or the demos') outcomes, seconds."
@@ -63,8 +66,9 @@ def rollout_run(
             missing = _run_demos(bus, config.run_id, submitter, demos, task_ids, harness, model, episodes,
                                  episode_timeout, wait_timeout)  # fmt: skip
         else:
-            missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes,
-                                  (budget, min_rollouts, max_rollouts), episode_timeout, wait_timeout)  # fmt: skip
+            bar = (budget, min_rollouts, max_rollouts, max_task_outcomes)
+            missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes, bar,
+                                  episode_timeout, wait_timeout)  # fmt: skip
     finally:
         submitter.close()
         bus.close()
@@ -123,16 +127,17 @@ def _run_demos(
 
 def _run_rounds(
     bus: Bus, run_id: str, submit: SubmitFn, task_ids: list[str], harness: str, model: str, rounds: int | None,
-    episodes: int | None, bar: tuple[int, int, int], episode_timeout: float | None, wait_timeout: float,
+    episodes: int | None, bar: tuple[int, int, int, int | None], episode_timeout: float | None, wait_timeout: float,
 ) -> int:  # fmt: skip
     """BAR rounds through the rollout scheduler; the episodes of the last round still without an outcome."""
     from producers.rollout.balanced import BalancedRolloutConfig
     from producers.rollout.scheduler import RolloutSchedulerConfig, run_rollout_scheduler
 
-    budget, min_rollouts, max_rollouts = bar
+    budget, min_rollouts, max_rollouts, max_task_outcomes = bar
     config = RolloutSchedulerConfig(
         run_id=run_id, tasks=task_ids, harness=harness, model=model, rounds=rounds or 1, max_episodes=episodes,
-        rollout=BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts),
+        rollout=BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
+                                      max_task_outcomes=max_task_outcomes),
         round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout,
     )  # fmt: skip
     scheduler = run_rollout_scheduler(bus, config, submit)

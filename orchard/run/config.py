@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from consumers.config import ConsumersConfig
 from orchard.config import BusConfig, StoreConfig, describe_validation_error
 from orchard.exceptions import ConfigError
-from orchard.run.recipe_layers import layered_recipe
+from orchard.run.recipe_layers import layered_recipe, replace_in_strings
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -209,6 +209,9 @@ class RolloutComponent(_Component):
     budget: int = Field(64, ge=1, description="BAR: rollouts per round over all tasks.")
     min_rollouts: int = Field(2, ge=0, description="BAR: rollouts every task gets each round.")
     max_rollouts: int = Field(32, ge=1, description="BAR: cap on one task's group per round.")
+    max_task_outcomes: int | None = Field(
+        None, ge=1, description="BAR: a task with this many outcomes in the run gets no more rollouts (None: no limit)."
+    )
     episode_timeout_s: float | None = Field(None, ge=1, description="Override of Env's per-episode limit.")
     wait_timeout_s: float = Field(3600.0, ge=1, description="Longest wait for a round's outcomes (then exit 1).")
 
@@ -457,10 +460,13 @@ _PATH_FIELDS = {
 }
 RUN_DIR = "{run_dir}"
 RECIPE_DIR = "{recipe_dir}"
+RECORDED_BLOCKS = ("tasks", "grader", "expert", "eval")
+"""The recipe's recorded settings: ``{recipe_dir}`` in them is replaced too, for the setup stage that reads them."""
 
 
 def parse_run_config(data: Any, source: str, base_dir: Path | None = None) -> RunConfig:
-    """Validate a recipe mapping; relative paths are made absolute against ``base_dir``.
+    """Validate a recipe mapping; relative paths are made absolute against ``base_dir``, and ``{recipe_dir}`` in a
+    command's words, a component's arguments and the recorded blocks (``tasks:``, ...) becomes its absolute path.
 
     Raises ``ConfigError`` with one line per bad field (``components.engine.port: ...``).
     """
@@ -473,6 +479,8 @@ def parse_run_config(data: Any, source: str, base_dir: Path | None = None) -> Ru
     if base_dir is None:
         return config
     recipe_dir = str(base_dir.resolve())
+    for block in RECORDED_BLOCKS:
+        setattr(config, block, replace_in_strings(getattr(config, block), RECIPE_DIR, recipe_dir))
     for spec in config.components.values():
         for field in _PATH_FIELDS.get(spec.kind, ()):
             value = getattr(spec, field)

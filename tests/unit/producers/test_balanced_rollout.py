@@ -119,3 +119,23 @@ def test_cancelled_outcomes_are_no_evidence() -> None:
 def test_a_floor_above_the_cap_is_refused_by_name() -> None:
     with pytest.raises(ValidationError, match=r"min_rollouts \(5\) must not exceed max_rollouts \(4\)"):
         BalancedRolloutConfig(min_rollouts=5, max_rollouts=4)
+
+
+def test_a_task_with_max_task_outcomes_outcomes_gets_no_more_rollouts_so_rounds_reach_untried_tasks() -> None:
+    tasks = [f"t{index}" for index in range(6)]
+    uncapped, capped = policy(budget=4, min_rollouts=2, max_rollouts=2), policy(
+        budget=4, min_rollouts=2, max_rollouts=2, max_task_outcomes=2
+    )
+    tried: dict[str, set[str]] = {"uncapped": set(), "capped": set()}
+    for _ in range(3):
+        for name, rollout in (("uncapped", uncapped), ("capped", capped)):
+            allocation = rollout.allocate(tasks)
+            assert sum(allocation.values()) == 4 and set(allocation) == set(tasks)
+            for task, count in allocation.items():
+                for index in range(count):  # every group mixed: BAR's favourite kind of task
+                    rollout.observe(task, index == 0)
+                tried[name] |= {task} if count else set()
+
+    assert tried["uncapped"] == {"t0", "t1"}  # the mixed tasks keep outbidding the untried ones
+    assert tried["capped"] == set(tasks)
+    assert capped.allocate(tasks) == dict.fromkeys(tasks, 0)  # every task spent: nothing left to give

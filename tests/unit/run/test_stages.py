@@ -51,6 +51,21 @@ def test_rollout_and_command_components_become_their_commands_with_the_run_dir_f
     assert check[1] == f"{tmp_path.resolve()}/x.py"
 
 
+def test_a_rollouts_task_outcome_cap_reaches_its_command_and_the_cli_accepts_it(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import app
+
+    parts = recipe()["components"]
+    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "rounds": 3, "max_task_outcomes": 8}
+    config = parse_run_config(recipe(components=parts), "recipe.yaml")
+    command = component_command("rl", config.components["rl"], config, tmp_path)
+    assert command[command.index("--max-task-outcomes") + 1] == "8"
+    assert "--max-task-outcomes" not in component_command("demos", config.components["demos"], config, tmp_path)
+    usage = CliRunner().invoke(app, ["rollout", "run", "--help"], terminal_width=200)
+    assert "--max-task-outcomes" in usage.output
+
+
 def test_stages_start_their_components_in_order_and_end_on_exits_then_stop_what_they_name() -> None:
     config = parse_run_config(recipe(), "recipe.yaml")
     runner, events = StageRunner(config, probe=None), []
