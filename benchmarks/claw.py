@@ -24,8 +24,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +42,7 @@ from recipe_runs import (  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
+from orchard.run.recipe_layers import layered_recipe  # noqa: E402
 from orchard.topics import OUTCOMES  # noqa: E402
 
 RECIPE = REPO / "recipes" / "claw" / "recipe.yaml"
@@ -55,21 +54,20 @@ KINDS = 8
 
 def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe with the benchmark's sizes (options left at None keep the recipe's values) and free ports."""
-    recipe: dict[str, Any] = yaml.safe_load(RECIPE.read_text())
+    recipe: dict[str, Any] = layered_recipe(RECIPE)  # templates expanded: every component spelled out
     components = recipe["components"]
-    setup = components["setup"]["run"]
-    for flag in ("train_per_kind", "eval_per_kind", "episodes_per_task", "max_steps"):
+    tasks, expert = recipe["tasks"], recipe["expert"]  # what the setup stage reads (--recipe)
+    for flag in ("train_per_kind", "eval_per_kind", "max_steps"):
         if getattr(args, flag) is not None:
-            set_option(setup, f"--{flag.replace('_', '-')}", getattr(args, flag))
-    given = {word[2:].replace("-", "_"): setup[i + 1] for i, word in enumerate(setup) if word.startswith("--")}
-    for field in ("train_per_kind", "eval_per_kind", "max_steps"):
-        recipe["tasks"][field] = int(given[field])
-    recipe["expert"]["episodes_per_task"] = int(given["episodes_per_task"])
-    demos = int(given["train_per_kind"]) * KINDS * int(given["episodes_per_task"])
+            tasks[flag] = getattr(args, flag)
+    if args.episodes_per_task is not None:
+        expert["episodes_per_task"] = args.episodes_per_task
+    demos = tasks["train_per_kind"] * KINDS * expert["episodes_per_task"]
     for stage in recipe["stages"]:
         if stage["name"] == "demos":
             stage["until"]["count"] = demos
-    components["builder-credit"]["env"]["ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_SIZE"] = given["episodes_per_task"]
+    group_size = str(expert["episodes_per_task"])  # a task's demonstrations form one group
+    components["builder-credit"]["env"]["ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_SIZE"] = group_size
     if args.sft_steps is not None:
         trainer = components["trainer-credit"]
         trainer["set"] = set_override(trainer["set"], "max_steps", args.sft_steps)

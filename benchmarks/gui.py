@@ -31,8 +31,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,6 +49,7 @@ from recipe_runs import (  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
+from orchard.run.recipe_layers import layered_recipe  # noqa: E402
 from orchard.topics import MODEL_CALLS, OUTCOMES  # noqa: E402
 
 RECIPE = REPO / "recipes" / "gui" / "recipe.yaml"
@@ -60,20 +59,17 @@ ENVS = {"env": "demos", "rl-env": "rl-bar", "eval-env": "evaluations"}
 
 def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe with the benchmark's sizes (options left at None keep the recipe's values) and free ports."""
-    recipe: dict[str, Any] = yaml.safe_load(RECIPE.read_text())
+    recipe: dict[str, Any] = layered_recipe(RECIPE)  # templates expanded: every component spelled out
     components = recipe["components"]
-    setup = components["setup"]["run"]
-    for flag in ("train_per_family", "eval_per_family", "episodes_per_task", "max_steps"):
+    tasks, expert = recipe["tasks"], recipe["expert"]  # what the setup stage reads (--recipe)
+    for flag in ("train_per_family", "eval_per_family", "max_steps"):
         if getattr(args, flag) is not None:
-            set_option(setup, "--" + flag.replace("_", "-"), getattr(args, flag))
-    given = {word[2:].replace("-", "_"): setup[i + 1] for i, word in enumerate(setup) if word.startswith("--")}
-    families = yaml.safe_load(RECIPE.read_text())["tasks"]["families"]
-    for key in ("train_per_family", "eval_per_family", "max_steps"):
-        recipe["tasks"][key] = int(given[key])
-    recipe["expert"]["episodes_per_task"] = int(given["episodes_per_task"])
+            tasks[flag] = getattr(args, flag)
+    if args.episodes_per_task is not None:
+        expert["episodes_per_task"] = args.episodes_per_task
     for stage in recipe["stages"]:
         if stage["name"] == "demos":
-            stage["until"]["count"] = len(families) * int(given["train_per_family"]) * int(given["episodes_per_task"])
+            stage["until"]["count"] = len(tasks["families"]) * tasks["train_per_family"] * expert["episodes_per_task"]
     if args.sft_steps is not None:
         components["trainer-credit"]["set"] = set_override(components["trainer-credit"]["set"], "max_steps",
                                                            args.sft_steps)  # fmt: skip

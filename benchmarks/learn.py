@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,6 +40,7 @@ from recipe_runs import (  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
+from orchard.run.recipe_layers import layered_recipe  # noqa: E402
 from orchard.topics import OUTCOMES  # noqa: E402
 
 RECIPE = REPO / "recipes" / "file_lookup" / "recipe.yaml"
@@ -53,26 +52,22 @@ RL_GROUP = re.compile(r"^r\d{6}-")
 
 def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe with the benchmark's sizes (options left at None keep the recipe's values) and free ports."""
-    recipe: dict[str, Any] = yaml.safe_load(RECIPE.read_text())
+    recipe: dict[str, Any] = layered_recipe(RECIPE)  # templates expanded: every component spelled out
     components = recipe["components"]
+    tasks, expert = recipe["tasks"], recipe["expert"]  # what the setup stage reads (--recipe)
+    sizes = {"train_tasks": args.train_tasks, "eval_tasks": args.eval_tasks, "seed": args.seed}
+    tasks.update({key: value for key, value in sizes.items() if value is not None})
+    demos = {"episodes_per_task": args.episodes_per_task, "imperfect_fraction": args.imperfect_fraction}
+    expert.update({key: value for key, value in demos.items() if value is not None})
     setup = components["setup"]["run"]
-    options = {
-        "--train-tasks": args.train_tasks,
-        "--eval-tasks": args.eval_tasks,
-        "--seed": args.seed,
-        "--episodes-per-task": args.episodes_per_task,
-        "--imperfect-fraction": args.imperfect_fraction,
-    }
-    for flag, value in options.items():
-        if value is not None:
+    if "--recipe" not in setup:  # a setup command that still spells out its options: the same sizes there
+        for flag, value in (("--train-tasks", tasks["train_tasks"]), ("--eval-tasks", tasks["eval_tasks"]),
+                            ("--seed", tasks["seed"]), ("--episodes-per-task", expert["episodes_per_task"]),
+                            ("--imperfect-fraction", expert["imperfect_fraction"])):  # fmt: skip
             set_option(setup, flag, value)
-    given = {word[2:].replace("-", "_"): setup[i + 1] for i, word in enumerate(setup) if word.startswith("--")}
-    recipe["tasks"].update({k: int(given[k]) for k in ("train_tasks", "eval_tasks", "seed")})
-    recipe["expert"].update(episodes_per_task=int(given["episodes_per_task"]),
-                            imperfect_fraction=float(given["imperfect_fraction"]))  # fmt: skip
     for stage in recipe["stages"]:
         if stage["name"] == "demos":
-            stage["until"]["count"] = int(given["train_tasks"]) * int(given["episodes_per_task"])
+            stage["until"]["count"] = tasks["train_tasks"] * expert["episodes_per_task"]
     for name in TRAINERS:
         sft = name in SFT_TRAINERS
         sizes = {

@@ -46,6 +46,7 @@ from recipe_runs import (  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
+from orchard.run.recipe_layers import layered_recipe, replace_in_strings  # noqa: E402
 from orchard.topics import OUTCOMES  # noqa: E402
 
 RECIPE = REPO / "recipes" / "swe" / "local.yaml"
@@ -55,24 +56,22 @@ ENVS = {"env": "demos", "rl-env": "rl-bar + dense", "eval-env": "evaluations"}
 
 def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe with the benchmark's sizes (options left at None keep the recipe's values) and free ports."""
-    # the copy lives beside the run directory: {recipe_dir} must still name the recipe's own folder (its suite)
-    recipe: dict[str, Any] = yaml.safe_load(RECIPE.read_text().replace("{recipe_dir}", str(RECIPE.parent)))
+    # templates expanded: every component spelled out. The copy lives beside the run directory: {recipe_dir} must
+    # still name the recipe's own folder (its suite)
+    recipe: dict[str, Any] = replace_in_strings(layered_recipe(RECIPE), "{recipe_dir}", str(RECIPE.parent))
     components = recipe["components"]
-    setup = components["setup"]["run"]
+    tasks, expert = recipe["tasks"], recipe["expert"]  # what the setup stage reads (--recipe)
     if args.episodes_per_task is not None:
-        set_option(setup, "--episodes-per-task", args.episodes_per_task)
+        expert["episodes_per_task"] = args.episodes_per_task
     if args.max_steps is not None:
-        set_option(setup, "--max-steps", args.max_steps)
-    given = {word[2:].replace("-", "_"): setup[i + 1] for i, word in enumerate(setup) if word.startswith("--")}
-    recipe["tasks"]["max_steps"] = int(given["max_steps"])
-    recipe["expert"]["episodes_per_task"] = int(given["episodes_per_task"])
+        tasks["max_steps"] = args.max_steps
     train = sum(
         1 for spec in (REPO / "recipes" / "swe" / "suite").glob("*/instance.yaml")
         if yaml.safe_load(spec.read_text())["split"] == "train"
     )  # fmt: skip
     for stage in recipe["stages"]:
         if stage["name"] == "demos":
-            stage["until"]["count"] = train * int(given["episodes_per_task"])
+            stage["until"]["count"] = train * expert["episodes_per_task"]
     if args.sft_steps is not None:
         components["trainer-credit"]["set"] = set_override(components["trainer-credit"]["set"], "max_steps",
                                                            args.sft_steps)  # fmt: skip

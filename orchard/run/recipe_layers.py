@@ -171,12 +171,17 @@ def _without_removed_components(data: dict[str, Any]) -> dict[str, Any]:
 
 def replace_run_id(data: Any, run_id: str) -> Any:
     """Every string in ``data`` with ``{run_id}`` replaced by ``run_id``."""
+    return replace_in_strings(data, RUN_ID_PLACEHOLDER, run_id)
+
+
+def replace_in_strings(data: Any, placeholder: str, value: str) -> Any:
+    """``data`` with ``placeholder`` replaced by ``value`` in every string of it (mappings and lists copied)."""
     if isinstance(data, str):
-        return data.replace(RUN_ID_PLACEHOLDER, run_id)
+        return data.replace(placeholder, value)
     if isinstance(data, dict):
-        return {key: replace_run_id(value, run_id) for key, value in data.items()}
+        return {key: replace_in_strings(item, placeholder, value) for key, item in data.items()}
     if isinstance(data, list):
-        return [replace_run_id(value, run_id) for value in data]
+        return [replace_in_strings(item, placeholder, value) for item in data]
     return data
 
 

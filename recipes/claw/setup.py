@@ -1,8 +1,8 @@
 """The setup stage of the Claw recipe: the task splits, and the expert's demonstration plans, in one command.
 
-``python -m recipes.claw.setup RUN_DIR [--seed 0] [--train-per-kind 8] [--eval-per-kind 2] [--max-steps 12]
-[--harness-timeout-s 300] [--grade-timeout-s 60] [--memory-mb 0] [--episodes-per-task 1] [--wrong-fraction 0.25]
-[--expert-seed 0]`` writes
+``python -m recipes.claw.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [--seed 0] [--train-per-kind 8]
+[--eval-per-kind 2] [--max-steps 12] [--harness-timeout-s 300] [--grade-timeout-s 60] [--memory-mb 0]
+[--episodes-per-task 1] [--wrong-fraction 0.25] [--expert-seed 0]`` writes
 
 - ``RUN_DIR/tasks/{train,eval}/<task_id>/``, ``RUN_DIR/tasks/manifest.json`` and the reference and wrong solutions
   ``RUN_DIR/tasks/solutions/<split>/<task_id>.json`` (``recipes.claw.tasks``): no solution is inside a task
@@ -16,6 +16,10 @@ Every train task gets ``episodes_per_task`` demonstrations; each replays the tas
 ``wrong_fraction`` (a pure function of the expert seed and the episode id), else its reference. A wrong one is graded
 as a failure with partial progress (the ``progress`` signal): material for credit-assignment SFT.
 
+With ``--recipe`` the options' defaults are the recipe's ``tasks:`` (every ``ClawConfig`` field by name) and
+``expert:`` blocks (``episodes_per_task``, ``wrong_fraction``, ``seed``), ``recipes.recipe_settings``: the recipe's
+setup component passes ``--recipe {run_dir}/recipe.yaml`` and repeats none of them.
+
 It is idempotent, so a restarted or resumed stage does not fail on its own output: tasks already generated with the
 same options are kept (other options: an error naming the manifest), and the plans are rewritten (a pure function
 of the tasks and the expert's options). Plans and tasks are checked against each other: a solution longer than the
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,14 +39,26 @@ from typing import Any
 from orchard.logging import get_logger
 from recipes.claw.expert import write_demonstrations
 from recipes.claw.tasks import SOLUTIONS_DIR, ClawConfig, generate
+from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 
 log = get_logger("recipes.claw.setup")
+PROG = "python -m recipes.claw.setup"
 TASKS_DIR = "tasks"
 DEMOS_DIR = "demos"
 SOLUTIONS = f"{TASKS_DIR}/{SOLUTIONS_DIR}"
 """Where the solutions are, relative to the run directory (what the recipe's Envs ``--hide``)."""
 RECIPE_MAX_STEPS = 12
 """Model calls per episode in the recipe: the longest solution (9 tool calls) and ``submit``, with a little slack."""
+RECIPE_BLOCKS = {
+    "tasks": Block(
+        options={name: name for name in ClawConfig.model_fields}, recorded={"generator": "recipes.claw.tasks"}
+    ),
+    "expert": Block(
+        options={"episodes_per_task": "episodes_per_task", "wrong_fraction": "wrong_fraction", "seed": "expert_seed"},
+        recorded={"module": "recipes.claw.expert"},
+    ),
+}
+"""What ``--recipe`` reads: block key -> option (``recipes.recipe_settings``)."""
 
 
 def check_fits(tasks: Path, max_steps: int) -> None:
@@ -93,10 +110,11 @@ def setup(
     return tasks, demos
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m recipes.claw.setup RUN_DIR [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m recipes.claw.setup", description=__doc__.split("\n")[0])
+def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``setup`` that the command line ``argv`` asks for (``ValueError``: invalid ones)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path, help="The run directory (tasks/ and demos/ are written in it).")
+    add_recipe_option(parser, "tasks: and expert: blocks")
     for name, spec in ClawConfig.model_fields.items():
         default = RECIPE_MAX_STEPS if name == "max_steps" else spec.default
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(spec.default), default=default,
@@ -104,12 +122,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--episodes-per-task", type=int, default=1, help="Demonstrations per train task.")
     parser.add_argument("--wrong-fraction", type=float, default=0.25, help="Chance a demonstration is a wrong one.")
     parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the expert's choice of wrong ones.")
-    args = parser.parse_args(argv)
+    args = parse_with_recipe(parser, argv, RECIPE_BLOCKS)
+    return {
+        "run_dir": args.run_dir,
+        "config": ClawConfig(**{name: getattr(args, name) for name in ClawConfig.model_fields}),
+        "episodes_per_task": args.episodes_per_task,
+        "wrong_fraction": args.wrong_fraction,
+        "expert_seed": args.expert_seed,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.claw.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [options]``."""
     try:
-        config = ClawConfig(**{name: getattr(args, name) for name in ClawConfig.model_fields})
-        setup(args.run_dir, config, args.episodes_per_task, args.wrong_fraction, args.expert_seed)
+        setup(**setup_arguments(argv))
     except ValueError as exc:
-        parser.exit(2, f"python -m recipes.claw.setup: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        raise SystemExit(2) from exc
     return 0
 
 

@@ -1,9 +1,14 @@
 """The setup stage of the file-lookup recipe: the task splits and the expert's demonstration plans, in one command.
 
-``python -m recipes.file_lookup.setup RUN_DIR [--train-tasks 1000] [--eval-tasks 256] [--seed 0]
-[--episodes-per-task 1] [--imperfect-fraction 0.3] [--expert-seed 0] [--files-per-task 3] [--keys-per-file 2]
-[--max-steps 6]`` writes ``RUN_DIR/tasks/{train,eval}/`` and ``RUN_DIR/tasks/manifest.json`` (``generate``) and
-``RUN_DIR/demos/plans/*.yaml`` + ``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the train split).
+``python -m recipes.file_lookup.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [--train-tasks 1000] [--eval-tasks 256]
+[--seed 0] [--episodes-per-task 1] [--imperfect-fraction 0.3] [--expert-seed 0] [--files-per-task 3]
+[--keys-per-file 2] [--max-steps 6]`` writes ``RUN_DIR/tasks/{train,eval}/`` and ``RUN_DIR/tasks/manifest.json``
+(``generate``) and ``RUN_DIR/demos/plans/*.yaml`` + ``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the
+train split).
+
+With ``--recipe`` the options' defaults are the recipe's ``tasks:`` (every ``LookupConfig`` field by name) and
+``expert:`` blocks (``seed``, ``episodes_per_task``, ``imperfect_fraction``), ``recipes.recipe_settings``: the recipe's
+setup component passes ``--recipe {run_dir}/recipe.yaml`` and repeats none of them.
 
 It is idempotent, so a restarted or resumed stage does not fail on its own output: tasks already generated with the
 same options are kept (other options: an error naming the manifest), and the plans are rewritten (they are a pure
@@ -16,14 +21,32 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchard.logging import get_logger
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import LookupConfig, generate
+from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 
 log = get_logger("recipes.file_lookup.setup")
+PROG = "python -m recipes.file_lookup.setup"
 TASKS_DIR = "tasks"
 DEMOS_DIR = "demos"
+RECIPE_BLOCKS = {
+    "tasks": Block(
+        options={name: name for name in LookupConfig.model_fields},
+        recorded={"generator": "recipes.file_lookup.generate", "dir": TASKS_DIR},
+    ),
+    "expert": Block(
+        options={
+            "seed": "expert_seed",
+            "episodes_per_task": "episodes_per_task",
+            "imperfect_fraction": "imperfect_fraction",
+        },
+        recorded={"module": "recipes.file_lookup.expert"},
+    ),
+}
+"""What ``--recipe`` reads: block key -> option (``recipes.recipe_settings``)."""
 
 
 def setup(run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_per_task: int = 1) -> tuple[Path, Path]:
@@ -41,19 +64,29 @@ def setup(run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_pe
     return tasks, demos
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m recipes.file_lookup.setup RUN_DIR [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m recipes.file_lookup.setup", description=__doc__.split("\n")[0])
+def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``setup`` that the command line ``argv`` asks for."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path, help="The run directory (tasks/ and demos/ are written in it).")
+    add_recipe_option(parser, "tasks: and expert: blocks")
     for name, field in LookupConfig.model_fields.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
     parser.add_argument("--episodes-per-task", type=int, default=1, help="Demonstrations per train task.")
     parser.add_argument("--imperfect-fraction", type=float, default=ExpertConfig().imperfect_fraction)
     parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the expert's choice of kinds.")
-    args = parser.parse_args(argv)
+    args = parse_with_recipe(parser, argv, RECIPE_BLOCKS)
     fields = {name: getattr(args, name) for name in LookupConfig.model_fields if getattr(args, name) is not None}
-    expert = ExpertConfig(seed=args.expert_seed, imperfect_fraction=args.imperfect_fraction)
-    setup(args.run_dir, LookupConfig(**fields), expert, args.episodes_per_task)
+    return {
+        "run_dir": args.run_dir,
+        "lookup": LookupConfig(**fields),
+        "expert": ExpertConfig(seed=args.expert_seed, imperfect_fraction=args.imperfect_fraction),
+        "episodes_per_task": args.episodes_per_task,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.file_lookup.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [options]``."""
+    setup(**setup_arguments(argv))
     return 0
 
 

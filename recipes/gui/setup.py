@@ -1,8 +1,8 @@
 """The setup stage of the GUI recipe: the task splits and the expert's demonstration plans, in one command.
 
-``python -m recipes.gui.setup RUN_DIR [--families all|F1,F2,...] [--seed 0] [--train-per-family 5]
-[--eval-per-family 2] [--max-steps 20] [--harness-timeout-s 300] [--grade-timeout-s 30] [--episodes-per-task 2]
-[--failing-fraction 0.3] [--expert-seed 0]`` writes
+``python -m recipes.gui.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [--families all|cpu|F1,F2,...] [--seed 0]
+[--train-per-family 5] [--eval-per-family 2] [--max-steps 20] [--harness-timeout-s 300] [--grade-timeout-s 30]
+[--episodes-per-task 2] [--failing-fraction 0.3] [--expert-seed 0]`` writes
 
 - ``RUN_DIR/tasks/{train,eval}/<task_id>/`` and ``RUN_DIR/tasks/manifest.json``: the suite of ``recipes.gui.tasks``
   (every family by default, or the ``--families`` named), task directories exactly as the generator writes them;
@@ -19,6 +19,11 @@ plans), an imperfect one with a known grade: ``wrong_answer`` (the reference's b
 answer: answer tasks, progress 0.2), ``wrong_target`` (cancels the booking the user keeps: ``booking_cancel``,
 progress 0), or ``quit`` (the reference's browsing up to its decisive action, then a reply without a tool call, which
 ends the episode unfinished). Otherwise it replays the reference too.
+
+With ``--recipe`` the options' defaults are the recipe's ``tasks:`` (``families``, a list or ``all``/``cpu``, and
+every ``SuiteConfig`` field by name) and ``expert:`` blocks (``episodes_per_task``, ``failing_fraction``, ``seed``),
+``recipes.recipe_settings``: the recipe's setup component passes ``--recipe {run_dir}/recipe.yaml`` and repeats none
+of them.
 
 It is idempotent, so a restarted or resumed stage does not fail on its own output: tasks already generated with the
 same options are kept (other options: an error naming the manifest), and the plans are rewritten.
@@ -40,8 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
 from orchard.logging import get_logger
 from recipes.gui.tasks import FAMILIES, GuiTask, SuiteConfig, make_task, reference_record, write_task
+from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 
 log = get_logger("recipes.gui.setup")
+PROG = "python -m recipes.gui.setup"
 TASKS_DIR = "tasks"
 REFERENCES_DIR = "references"
 DEMOS_DIR = "demos"
@@ -50,6 +57,21 @@ CPU_FAMILIES = ("booking_cancel", "docs_setting", "docs_error", "docs_release")
 """The families whose whole expert episode fits the 8192-token context of ``tiny-llama-8k`` in text mode (measured
 with its tokenizer: 2.0k-2.8k tokens; the shop's listing pages alone are ~7k, a booking-form episode 9.5k-12.6k)."""
 DemoKind = Literal["reference", "wrong_answer", "wrong_target", "quit"]
+RECIPE_BLOCKS = {
+    "tasks": Block(
+        options={"families": "families"} | {name: name for name in SuiteConfig.model_fields},
+        recorded={"generator": "recipes.gui.tasks"},
+    ),
+    "expert": Block(
+        options={
+            "episodes_per_task": "episodes_per_task",
+            "failing_fraction": "failing_fraction",
+            "seed": "expert_seed",
+        },
+        recorded={"module": "recipes.gui.setup"},
+    ),
+}
+"""What ``--recipe`` reads: block key -> option (``recipes.recipe_settings``)."""
 
 
 class GuiSetupConfig(BaseModel):
@@ -196,18 +218,22 @@ def setup(run_dir: Path, config: GuiSetupConfig, demos: DemoConfig) -> tuple[Pat
     return tasks_dir, demos_dir
 
 
-def _families(text: str) -> tuple[str, ...]:
-    if text == "all":
+def _families(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``all``, ``cpu``, a comma-separated list (the command line) or a list of names (a recipe's ``tasks:``)."""
+    if not isinstance(value, str):
+        return tuple(value)
+    if value == "all":
         return tuple(FAMILIES)
-    if text == "cpu":
+    if value == "cpu":
         return CPU_FAMILIES
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m recipes.gui.setup RUN_DIR [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m recipes.gui.setup", description=__doc__.split("\n")[0])
+def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``setup`` that the command line ``argv`` asks for."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path, help="The run directory (tasks/, references/, demos/ go in it).")
+    add_recipe_option(parser, "tasks: and expert: blocks")
     parser.add_argument(
         "--families",
         default="all",
@@ -219,13 +245,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--episodes-per-task", type=int, default=2, help="Demonstrations per train task.")
     parser.add_argument("--failing-fraction", type=float, default=0.3, help="Chance a later demonstration fails.")
     parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the choice of imperfect demonstrations.")
-    args = parser.parse_args(argv)
+    args = parse_with_recipe(parser, argv, RECIPE_BLOCKS)
     fields = {name: getattr(args, name) for name in SuiteConfig.model_fields if getattr(args, name) is not None}
-    config = GuiSetupConfig(suite=SuiteConfig(**fields), families=_families(args.families))
-    demos = DemoConfig(
-        episodes_per_task=args.episodes_per_task, failing_fraction=args.failing_fraction, seed=args.expert_seed
-    )
-    setup(args.run_dir, config, demos)
+    return {
+        "run_dir": args.run_dir,
+        "config": GuiSetupConfig(suite=SuiteConfig(**fields), families=_families(args.families)),
+        "demos": DemoConfig(
+            episodes_per_task=args.episodes_per_task, failing_fraction=args.failing_fraction, seed=args.expert_seed
+        ),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.gui.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [options]``."""
+    setup(**setup_arguments(argv))
     return 0
 
 

@@ -1,8 +1,8 @@
 """The setup stage of the SWE recipe: the suite built into task splits, and the expert's demonstration plans.
 
-``python -m recipes.swe.setup RUN_DIR [--suite recipes/swe/suite] [--harness builtin] [--episodes-per-task 2]
-[--failing-fraction 0.3] [--seed 0] [--max-steps 16] [--harness-timeout-s 900] [--grade-timeout-s 300]
-[--python PATH]`` writes
+``python -m recipes.swe.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [--suite recipes/swe/suite] [--harness builtin]
+[--episodes-per-task 2] [--failing-fraction 0.3] [--seed 0] [--max-steps 16] [--harness-timeout-s 900]
+[--grade-timeout-s 300] [--python PATH]`` writes
 
 - ``RUN_DIR/tasks/{train,eval}/<instance_id>/`` and ``RUN_DIR/tasks/manifest.json`` (``recipes.swe.build``);
 - ``RUN_DIR/demos/plans/<episode_id>.yaml``: the scripted expert's plan of every demonstration episode, in the
@@ -13,6 +13,11 @@ Every train instance gets ``episodes_per_task`` demonstrations. The first always
 further one is, with probability ``failing_fraction`` (seeded by instance and index, so the same options give the
 same plans), an imperfect one that explores and runs the tests without fixing anything: a teacher's failed
 attempt, which credit-assignment SFT weighs by its progress signal instead of dropping or copying it.
+
+With ``--recipe`` the options' defaults are the recipe's ``tasks:`` (``suite``, ``max_steps``, ``harness_timeout_s``,
+``grade_timeout_s``, ``python``) and ``expert:`` blocks (``episodes_per_task``, ``failing_fraction``, ``seed``) and its
+``harness`` (the plans' dialect), ``recipes.recipe_settings``: the recipe's setup component passes ``--recipe
+{run_dir}/recipe.yaml`` and repeats none of them. A relative ``suite`` is relative to the recipe file.
 
 It is idempotent, so a restarted or resumed stage does not fail on its own output: tasks already built with the
 same options are kept (other options: an error naming the manifest), and the plans are rewritten.
@@ -27,21 +32,33 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.logging import get_logger
+from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 from recipes.swe.build import BuildConfig, build
 from recipes.swe.expert import DIALECTS, Dialect, expert_episode_id, expert_plan
 from recipes.swe.instance import load_suite_instance, suite_instances
 
 log = get_logger("recipes.swe.setup")
+PROG = "python -m recipes.swe.setup"
 SUITE = Path(__file__).resolve().parent / "suite"
 TASKS_DIR = "tasks"
 DEMOS_DIR = "demos"
 DemoKind = Literal["fix", "no-fix"]
+RECIPE_BLOCKS = {
+    "tasks": Block(
+        options={name: name for name in ("suite", "max_steps", "harness_timeout_s", "grade_timeout_s", "python")}
+    ),
+    "expert": Block(
+        options={"episodes_per_task": "episodes_per_task", "failing_fraction": "failing_fraction", "seed": "seed"},
+        recorded={"module": "recipes.swe.expert"},
+    ),
+}
+"""What ``--recipe`` reads: block key -> option (``recipes.recipe_settings``); the recipe's ``harness`` too."""
 
 
 class DemoConfig(BaseModel):
@@ -104,10 +121,11 @@ def setup(run_dir: Path, suite: Path, build_config: BuildConfig, demos: DemoConf
     return tasks, demos_dir
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m recipes.swe.setup RUN_DIR [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m recipes.swe.setup", description=__doc__.split("\n")[0])
+def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``setup`` that the command line ``argv`` asks for."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path, help="The run directory (tasks/ and demos/ are written in it).")
+    add_recipe_option(parser, "tasks: and expert: blocks and harness")
     parser.add_argument("--suite", type=Path, default=SUITE, help="The suite directory (default: the shipped one).")
     parser.add_argument("--harness", choices=DIALECTS, default="builtin", help="The harness the plans are for.")
     parser.add_argument("--episodes-per-task", type=int, default=2, help="Demonstrations per train instance.")
@@ -122,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Interpreter with pytest inside the sandbox, for the grader and the expert's test runs (default: this "
         "one, which the local runtime shares with its sandboxes; python3 for images that have pytest).",
     )
-    args = parser.parse_args(argv)
+    args = parse_with_recipe(parser, argv, RECIPE_BLOCKS, top={"harness": "harness"})
     build_config = BuildConfig(
         max_steps=args.max_steps,
         harness_timeout_s=args.harness_timeout_s,
@@ -136,7 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         python=args.python,
     )
-    setup(args.run_dir, args.suite, build_config, demos)
+    return {"run_dir": args.run_dir, "suite": args.suite, "build_config": build_config, "demos": demos}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.swe.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [options]``."""
+    setup(**setup_arguments(argv))
     return 0
 
 

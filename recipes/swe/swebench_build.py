@@ -31,6 +31,9 @@ Identical files of different instances (the same repository at nearby commits) a
 take tens of gigabytes.
 
 Run: ``python -m recipes.swe.swebench_build INSTANCES.jsonl --repos DIR OUT [--split eval] [--image-template T]``.
+In a recipe (``recipes/swe/cluster.yaml``): ``--recipe {run_dir}/recipe.yaml --recipe-part train``, which reads
+``INSTANCES``, ``--split`` and ``OUT`` from the recipe's ``tasks.train`` and every other option's default from its
+``tasks:`` block (``recipes.recipe_settings``); an option given on the command line still wins.
 """
 
 from __future__ import annotations
@@ -51,11 +54,15 @@ from pydantic import ConfigDict, Field
 
 from orchard.logging import get_logger
 from orchard.sandbox import Limits
+from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 from recipes.swe.build import BuildConfig, BuildError, grader_instance, node_file, task_yaml, write_grader
 from recipes.swe.grade import working_files
 from recipes.swe.instance import Split, SweInstance, load_swebench
 
 log = get_logger("recipes.swe")
+PROG = "python -m recipes.swe.swebench_build"
+RECIPE_PARTS = ("train", "eval")
+"""The entries of a recipe's ``tasks:`` block that ``--recipe-part`` chooses from (``tasks.train``, ``tasks.eval``)."""
 
 __all__ = [
     "SwebenchBuildConfig",
@@ -263,12 +270,21 @@ def build_swebench(
     return manifest["splits"]  # type: ignore[return-value]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m recipes.swe.swebench_build INSTANCES --repos DIR OUT [options]``."""
-    parser = argparse.ArgumentParser(prog="python -m recipes.swe.swebench_build", description=__doc__.split("\n")[0])
-    parser.add_argument("instances", type=Path, help="SWE-bench / SWE-Gym instance file (JSONL, or a JSON list).")
-    parser.add_argument("--repos", type=Path, required=True, help="Clones as DIR/owner__name or DIR/owner/name.")
-    parser.add_argument("out", type=Path, help="Output directory (<split>/, manifest.json).")
+def recipe_blocks(part: str | None) -> dict[str, Block]:
+    """What ``--recipe`` reads: the ``tasks:`` block's shared settings (``repos`` and every ``SwebenchBuildConfig``
+    field but ``split``), and with ``--recipe-part PART`` its entry ``PART`` (``instances``, ``split``, ``out``)."""
+    shared = {"repos": "repos"} | {name: name for name in SwebenchBuildConfig.model_fields if name != "split"}
+    blocks = {"tasks": Block(options=shared, recorded={"builder": "recipes.swe.swebench_build"}, nested=RECIPE_PARTS)}
+    if part is not None:
+        blocks[f"tasks.{part}"] = Block(options={name: name for name in ("instances", "split", "out")})
+    return blocks
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("instances", type=Path, nargs="?", help="SWE-bench / SWE-Gym rows (JSONL, or a JSON list).")
+    parser.add_argument("--repos", type=Path, help="Clones as DIR/owner__name or DIR/owner/name (required).")
+    parser.add_argument("out", type=Path, nargs="?", help="Output directory (<split>/, manifest.json).")
     parser.add_argument("--split", choices=("train", "eval"), default=None, help="Split of rows naming none.")
     for name, field in SwebenchBuildConfig.model_fields.items():
         if name == "split":
@@ -280,7 +296,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             kind = str if field.default is None else type(field.default)
             parser.add_argument(flag, type=kind, help=field.description)
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output directory.")
-    args = parser.parse_args(argv)
+    add_recipe_option(parser, "tasks: block (its shared settings and those of --recipe-part)")
+    parser.add_argument(
+        "--recipe-part",
+        choices=RECIPE_PARTS,
+        help="The entry of tasks: giving INSTANCES, --split and OUT (relative: to the recipe's folder, the run "
+        "directory for the run's own copy).",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m recipes.swe.swebench_build INSTANCES --repos DIR OUT [options]``, or
+    ``--recipe RUN_DIR/recipe.yaml --recipe-part train|eval [options]`` (the cluster recipe's setup stage)."""
+    parser = _parser()
+    args = parse_with_recipe(parser, argv, recipe_blocks(parser.parse_known_args(argv)[0].recipe_part))
+    missing = [what for what, value in (("INSTANCES", args.instances), ("--repos", args.repos), ("OUT", args.out))
+               if value is None]  # fmt: skip
+    if missing:
+        parser.error(f"{', '.join(missing)}: required (given, or read from --recipe with --recipe-part)")
     fields = {n: getattr(args, n) for n in SwebenchBuildConfig.model_fields if getattr(args, n) is not None}
     build_swebench(args.instances, args.repos, args.out, SwebenchBuildConfig(**fields), overwrite=args.overwrite)
     return 0

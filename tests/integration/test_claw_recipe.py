@@ -24,6 +24,7 @@ import yaml
 
 from orchard.bus import open_bus
 from orchard.config import load_config
+from orchard.run.recipe_layers import layered_recipe
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, TRAJECTORIES
 from recipes.claw.tasks import SOLUTIONS_DIR, ClawConfig, generate
 from tests.integration.test_run_pipeline import ORCHARD, REPO, orchard_env, read_run, run_logs
@@ -80,11 +81,9 @@ def shrink(recipe: dict[str, Any]) -> dict[str, Any]:
     return shrunk
 
 
-def pregenerate(run_dir: Path, setup: list[str]) -> None:
-    """The tasks the recipe's setup command would generate, trimmed to this test's three."""
-    words = setup[setup.index("{run_dir}") + 1 :]
-    options = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
-    config = ClawConfig(**{name: value for name, value in options.items() if name in ClawConfig.model_fields})
+def pregenerate(run_dir: Path, tasks_block: dict[str, Any]) -> None:
+    """The tasks the recipe's setup command would generate (its ``tasks:`` block), trimmed to this test's three."""
+    config = ClawConfig(**{name: value for name, value in tasks_block.items() if name in ClawConfig.model_fields})
     tasks = run_dir / "tasks"
     generate(config, tasks)
     keep = {"train": {REFERENCE_TASK, WRONG_TASK}, "eval": {HELD_OUT}}
@@ -99,11 +98,11 @@ def pregenerate(run_dir: Path, setup: list[str]) -> None:
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shrunk recipe run to its end; its run directory."""
     root = tmp_path_factory.mktemp("claw-recipe")
-    shipped = yaml.safe_load(RECIPE.read_text())
+    shipped = layered_recipe(RECIPE)  # templates expanded: every component spelled out
     recipe = root / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(shrink(shipped), sort_keys=False))
     run_dir = root / "run"
-    pregenerate(run_dir, shipped["components"]["setup"]["run"])
+    pregenerate(run_dir, shipped["tasks"])
     result = subprocess.run(  # noqa: S603 - fixed command
         [str(ORCHARD), "run", str(recipe), "--run-dir", str(run_dir), "--no-live", "--duration", "600"],
         env=orchard_env(), cwd=REPO, capture_output=True, timeout=660, check=False,

@@ -22,13 +22,14 @@ import yaml
 
 from orchard.bus import open_bus
 from orchard.config import load_config
+from orchard.run.recipe_layers import layered_recipe
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, TRAJECTORIES
 from tests.integration.test_run_pipeline import ORCHARD, REPO, orchard_env, read_run, run_logs
-from tests.integration.test_swe_recipe import free_port, set_flag, set_override
+from tests.integration.test_swe_recipe import free_port, set_override
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness, pytest.mark.browser]
 RECIPE = REPO / "recipes" / "gui" / "recipe.yaml"
-FAMILIES = "booking_cancel,docs_release"
+FAMILIES = ["booking_cancel", "docs_release"]
 RUN_ID = "gui-local"
 PORT = re.compile(r"\b86(?:0[0-2]|1[01]|2[0-2])\b")
 
@@ -39,12 +40,10 @@ def shrink(recipe: dict[str, Any]) -> dict[str, Any]:
     text = PORT.sub(lambda m: ports.setdefault(m.group(0), str(free_port())), json.dumps(recipe))
     shrunk: dict[str, Any] = json.loads(text)
     parts = shrunk["components"]
-    setup = parts["setup"]["run"]
-    set_flag(setup, "--families", FAMILIES)
-    set_flag(setup, "--train-per-family", "1")
-    set_flag(setup, "--eval-per-family", "1")
-    set_flag(setup, "--max-steps", "4")  # the expert's 3 or 4 calls fit
-    set_flag(setup, "--failing-fraction", "1.0")  # the second demonstration is imperfect: one of each per task
+    # what the setup stage reads (--recipe): 4 model calls fit the expert's 3 or 4; the second demonstration is
+    # imperfect, one of each per task
+    shrunk["tasks"].update(families=FAMILIES, train_per_family=1, eval_per_family=1, max_steps=4)
+    shrunk["expert"]["failing_fraction"] = 1.0
     parts["engine"]["args"] = ["--default-max-tokens", "32"]
     for name, steps in (("trainer-credit", "1"), ("trainer-rl", "2")):  # steps so far: one each
         overrides = parts[name]["set"]
@@ -76,7 +75,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("playwright", reason="Playwright is not installed (pip install playwright)")
     root = tmp_path_factory.mktemp("gui-recipe")
     recipe = root / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(shrink(yaml.safe_load(RECIPE.read_text())), sort_keys=False))
+    recipe.write_text(yaml.safe_dump(shrink(layered_recipe(RECIPE)), sort_keys=False))  # templates expanded
     run_dir = root / "run"
     result = subprocess.run(  # noqa: S603 - fixed command
         [str(ORCHARD), "run", str(recipe), "--run-dir", str(run_dir), "--no-live", "--duration", "600"],

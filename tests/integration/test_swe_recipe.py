@@ -24,6 +24,7 @@ import yaml
 
 from orchard.bus import open_bus
 from orchard.config import load_config
+from orchard.run.recipe_layers import layered_recipe
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, SCORES, TRAJECTORIES
 from tests.integration.test_run_pipeline import ORCHARD, REPO, orchard_env, read_run, run_logs
 
@@ -60,10 +61,10 @@ def shrink(recipe: dict[str, Any], suite: Path) -> dict[str, Any]:
     text = PORT.sub(lambda m: ports.setdefault(m.group(0), str(free_port())), json.dumps(recipe))
     shrunk: dict[str, Any] = json.loads(text)
     parts = shrunk["components"]
-    setup = parts["setup"]["run"]
-    set_flag(setup, "--suite", str(suite))
-    set_flag(setup, "--max-steps", "10")  # the expert's 7 calls fit
-    set_flag(setup, "--failing-fraction", "1.0")  # the second demonstration fails: credit SFT has one of each
+    # what the setup stage reads (--recipe): the expert's 7 calls fit in 10; the second demonstration fails, so
+    # credit SFT has one of each
+    shrunk["tasks"].update(suite=str(suite), max_steps=10)
+    shrunk["expert"]["failing_fraction"] = 1.0
     parts["engine"]["args"] = ["--default-max-tokens", "48"]
     for name, steps in (("trainer-credit", "2"), ("trainer-rl", "3"), ("trainer-dense", "4")):  # steps so far
         overrides = parts[name]["set"]
@@ -99,7 +100,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for instance in (TRAIN, HELD_OUT):
         shutil.copytree(SUITE / instance, suite / instance)
     recipe = root / "local.yaml"
-    recipe.write_text(yaml.safe_dump(shrink(yaml.safe_load(RECIPE.read_text()), suite), sort_keys=False))
+    recipe.write_text(yaml.safe_dump(shrink(layered_recipe(RECIPE), suite), sort_keys=False))  # templates expanded
     run_dir = root / "run"
     result = subprocess.run(  # noqa: S603 - fixed command
         [str(ORCHARD), "run", str(recipe), "--run-dir", str(run_dir), "--no-live", "--duration", "840"],

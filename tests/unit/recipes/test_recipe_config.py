@@ -1,6 +1,7 @@
 """The file-lookup recipe as ``orchard run`` reads it: a valid RunConfig whose stages, commands, trainer overrides and
-sample-builder settings are consistent with each other and with the recorded task and expert options; the setup
-command writes the tasks and plans and can run again on its own output."""
+sample-builder settings are consistent with each other and with the recorded task and expert options (which the setup
+command runs with: its own options, or the run's copy of the recipe with ``--recipe``); the setup command writes the
+tasks and plans and can run again on its own output."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from orchard.run.config import (
 from recipes.file_lookup.evaluate import main as evaluate_main
 from recipes.file_lookup.expert import ExpertConfig
 from recipes.file_lookup.generate import LookupConfig
-from recipes.file_lookup.setup import setup
+from recipes.file_lookup.setup import setup, setup_arguments
+from tests.unit.recipes.run_copy import setup_in_run
 from trainers.config import load_trainer_config
 
 RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup" / "recipe.yaml"
@@ -58,17 +60,17 @@ def test_the_recipe_validates_and_runs_every_training_stage_each_followed_by_a_h
 
 
 def test_the_setup_command_generates_exactly_the_recorded_task_and_expert_options(
-    recipe: RunConfig, raw: dict[str, Any]
+    recipe: RunConfig, raw: dict[str, Any], tmp_path: Path
 ) -> None:
     spec = recipe.components["setup"]
     assert isinstance(spec, CommandComponent)
     assert spec.run[:3] == ["python", "-m", "recipes.file_lookup.setup"]
-    given = options(spec.run)
+    # what the command runs with inside the run (its options, or the run's copy of the recipe with --recipe)
+    given = setup_arguments(setup_in_run(recipe, "setup", tmp_path))
     tasks = {k: v for k, v in raw["tasks"].items() if k not in ("generator", "dir")}
-    assert LookupConfig(**{k: given[k] for k in LookupConfig.model_fields if k in given}) == LookupConfig(**tasks)
-    assert LookupConfig(**tasks).eval_tasks >= 200
+    assert given["lookup"] == LookupConfig(**tasks) and given["lookup"].eval_tasks >= 200
     expert = raw["expert"]
-    assert (float(given["imperfect_fraction"]), int(given["expert_seed"]), int(given["episodes_per_task"])) == (
+    assert (given["expert"].imperfect_fraction, given["expert"].seed, given["episodes_per_task"]) == (
         expert["imperfect_fraction"], expert["seed"], expert["episodes_per_task"],
     )  # fmt: skip
     demos = next(stage for stage in recipe.stages if stage.name == "demos")

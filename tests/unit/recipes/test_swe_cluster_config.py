@@ -28,6 +28,7 @@ from orchard.run.settings import FullConfig
 from producers.proxy.settings import ProxySettings
 from recipes.swe import swebench_build
 from recipes.swe.images import IMAGE_REFERENCE
+from tests.unit.recipes.run_copy import module_argv, write_run_copy
 from trainers.config import PolicyTrainerConfig, load_trainer_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -219,16 +220,29 @@ def test_every_component_runs_an_orchard_command_with_options_that_exist(recipe:
     assert paths["trainer-rl"] == ["train", "policy"] and paths["value-trainer"] == ["train", "value"]
 
 
-def test_the_setup_commands_are_accepted_by_the_swebench_builder(
-    recipe: RunConfig, monkeypatch: pytest.MonkeyPatch
+def test_the_setup_commands_build_each_part_of_the_tasks_block_read_from_the_runs_copy_of_the_recipe(
+    recipe: RunConfig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    for name, split in (("setup-train", "train"), ("setup-eval", "eval")):
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(swebench_build, "build_swebench", lambda *args, **kwargs: calls.append((*args, kwargs)))
+    write_run_copy(recipe, tmp_path)
+    for name in ("setup-train", "setup-eval"):
         spec = recipe.components[name]
-        assert isinstance(spec, CommandComponent)
-        config = check_swebench_build([w.replace("{run_dir}", "/runs/x") for w in spec.run], monkeypatch)
-        assert (config.split, config.skip_unsupported) == (split, True)
-        assert config.image_template == "registry.example.com/orchard-swe:{instance_id}"
-        assert config.image_template == recipe.tasks["image_template"]
+        assert isinstance(spec, CommandComponent) and spec.run[:3] == ["python", "-m", "recipes.swe.swebench_build"]
+        assert swebench_build.main(module_argv(recipe, name, tmp_path)) == 0
+    run_dir = tmp_path.resolve()
+    limits = {"max_steps": 50, "harness_timeout_s": 3600, "grade_timeout_s": 1800, "skip_unsupported": True,
+              "image_template": "registry.example.com/orchard-swe:{instance_id}"}  # fmt: skip
+    assert calls == [
+        (Path("/data/swe-gym/swe-gym.jsonl"), Path("/data/repos"), run_dir / "swe-gym",
+         swebench_build.SwebenchBuildConfig(split="train", **limits), {"overwrite": True}),
+        (Path("/data/swe-bench/swe-bench-verified.jsonl"), Path("/data/repos"), run_dir / "swe-bench",
+         swebench_build.SwebenchBuildConfig(split="eval", **limits), {"overwrite": True}),
+    ]  # fmt: skip
+    envs = {name: recipe.components[name] for name in ("env", "eval-env", "rl-env")}
+    assert {name: str(spec.tasks) for name, spec in envs.items()} == {  # type: ignore[union-attr]
+        "env": "{run_dir}/swe-gym/train", "eval-env": "{run_dir}/swe-bench/eval", "rl-env": "{run_dir}/swe-gym/train",
+    }  # fmt: skip
 
 
 def test_the_trainer_overrides_and_component_environments_are_valid_settings(recipe: RunConfig) -> None:

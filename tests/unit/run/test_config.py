@@ -121,6 +121,24 @@ def test_relative_paths_are_relative_to_the_recipe_and_commands_match_the_cli(tm
     ]  # fmt: skip
 
 
+def test_recipe_dir_in_the_recorded_blocks_becomes_the_recipes_folder_for_the_setup_stage_that_reads_them(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "tasks: {suite: '{recipe_dir}/suite', splits: ['{recipe_dir}/a', 2], nested: {dir: '{recipe_dir}'}}\n"
+        "expert: {plans: '{recipe_dir}/plans'}\n"
+        "components: {assembler: {kind: consumer, name: assembler}}\n"
+    )
+    config = load_run_config(path)
+    folder = str(tmp_path.resolve())
+    assert config.tasks == {"suite": f"{folder}/suite", "splits": [f"{folder}/a", 2], "nested": {"dir": folder}}
+    assert config.expert == {"plans": f"{folder}/plans"}
+    assert parse_run_config({"tasks": {"suite": "{recipe_dir}/suite"}, **recipe()}, "r.yaml").tasks == {
+        "suite": "{recipe_dir}/suite"  # no recipe folder given: nothing to replace it with
+    }
+
+
 def test_bus_and_store_default_to_the_run_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ORCHARD_BUS__TYPE", "ORCHARD_BUS__PATH", "ORCHARD_STORE__TYPE", "ORCHARD_STORE__PATH"):
         monkeypatch.delenv(name, raising=False)
