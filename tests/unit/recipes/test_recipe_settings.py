@@ -232,7 +232,7 @@ def test_each_shipped_setup_stage_runs_with_exactly_the_settings_its_command_use
     assert module.setup_arguments(setup_in_run(recipe, "setup", run_dir)) == {"run_dir": run_dir.resolve(), **expected}
 
 
-@pytest.mark.parametrize("name", ["claw", "gui", "swe-local"])  # file_lookup's recipe: /tmp/file_lookup_recipe.yaml
+@pytest.mark.parametrize("name", ["claw", "file_lookup", "gui", "swe-local"])
 def test_the_setup_commands_name_the_runs_copy_of_the_recipe_and_repeat_none_of_its_settings(name: str) -> None:
     path, module, _ = SHIPPED[name]
     setup = load_run_config(path).components["setup"]

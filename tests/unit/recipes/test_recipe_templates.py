@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 RECIPES = {
     "claw": "recipes/claw/recipe.yaml",
+    "file-lookup": "recipes/file_lookup/recipe.yaml",
     "gui": "recipes/gui/recipe.yaml",
     "imported-sft": "recipes/imported_sft/recipe.yaml",
     "swe-cluster": "recipes/swe/cluster.yaml",

@@ -1,0 +1,72 @@
+"""The file-lookup validation split: the train stream's next tasks, none a train or eval task, written once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recipes.file_lookup.generate import LookupConfig, LookupTask, generate_tasks
+from recipes.file_lookup.validation import main, write_validation
+
+CONFIG = LookupConfig(seed=3, train_tasks=20, eval_tasks=6)
+
+
+def read_split(directory: Path) -> list[LookupTask]:
+    return [LookupTask.from_directory(path) for path in sorted(directory.iterdir()) if path.is_dir()]
+
+
+def test_the_split_is_the_train_streams_next_tasks_and_repeats_no_train_or_eval_task(tmp_path: Path) -> None:
+    ids = write_validation(CONFIG, tmp_path / "validation", 5)
+
+    assert ids == [f"file-lookup-train-{index:05d}" for index in range(20, 25)]
+    carved = read_split(tmp_path / "validation")
+    assert [task.task_id for task in carved] == ids
+    drawn = generate_tasks(CONFIG)
+    seen = {task.fingerprint for split in drawn.values() for task in split}
+    assert not seen & {task.fingerprint for task in carved}
+    longer = generate_tasks(CONFIG.model_copy(update={"train_tasks": 25}))["train"]
+    assert longer[:20] == drawn["train"] and longer[20:] == carved  # the train split itself is unchanged
+
+
+def test_a_written_split_is_kept_and_one_with_other_options_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "validation"
+    first = write_validation(CONFIG, out, 4)
+    (out / first[0] / "marker").write_text("kept")
+    assert write_validation(CONFIG, out, 4) == first and (out / first[0] / "marker").is_file()
+    with pytest.raises(ValueError, match="written with other options"):
+        write_validation(CONFIG.model_copy(update={"seed": 4}), out, 4)
+
+
+def test_the_command_reads_the_recipes_tasks_block_and_an_option_still_wins(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"tasks": {"generator": "recipes.file_lookup.generate", "dir": "tasks",
+                                                "seed": 3, "train_tasks": 20, "eval_tasks": 6}}))  # fmt: skip
+    assert main([str(tmp_path / "a"), "--tasks", "3", "--recipe", str(recipe)]) == 0
+    assert [task.task_id for task in read_split(tmp_path / "a" / "validation")] == [
+        f"file-lookup-train-{index:05d}" for index in range(20, 23)
+    ]
+    assert main([str(tmp_path / "b"), "--tasks", "2", "--recipe", str(recipe), "--train-tasks", "10"]) == 0
+    assert read_split(tmp_path / "b" / "validation")[0].task_id == "file-lookup-train-00010"
+    recipe.write_text(yaml.safe_dump({"tasks": {"train_taskz": 20}}))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "c"), "--recipe", str(recipe)])
+    assert exit_info.value.code == 2
+
+
+def test_the_ablation_overlay_runs_through_b_then_rl_each_evaluated_on_the_validation_split() -> None:
+    from orchard.run.config import load_run_config
+
+    folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
+    sets = ["templates.rl-trainer.set.2=lr=1e-4", "templates.bar-rollout.rounds=16"]
+    config = load_run_config(folder / "recipe.yaml", [folder / "ablation.yaml"], sets)
+    assert [stage.name for stage in config.stages] == [
+        "setup", "demos", "sft-successful", "credit-samples", "credit-sft", "validation-credit-sft", "rl-bar",
+        "validation-rl-bar",
+    ]  # fmt: skip
+    assert config.components["trainer-rl"].set[2] == "lr=1e-4"  # the README's rows set the lr at this index
+    assert config.components["rollout-rl"].rounds == 16
+    assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
+    evaluation = config.components["validation-rl-bar"].run
+    assert evaluation[evaluation.index("--tasks") + 1] == "{run_dir}/validation"
