@@ -65,7 +65,9 @@ def test_the_ablation_overlay_runs_through_b_then_rl_each_evaluated_on_the_valid
         "setup", "demos", "sft-successful", "credit-samples", "credit-sft", "validation-credit-sft", "rl-bar",
         "validation-rl-bar",
     ]  # fmt: skip
-    assert config.components["trainer-rl"].set[2] == "lr=1e-4"  # the README's rows set the lr at this index
+    trainer = config.components["trainer-rl"].set
+    assert trainer[2] == "lr=1e-4"  # the README's rows set the lr, the schedule and skip_zero_advantage by index
+    assert trainer[3].startswith("schedule=") and trainer[15] == "loss.skip_zero_advantage=true"
     assert config.components["rollout-rl"].rounds == 16
     assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
     evaluation = config.components["validation-rl-bar"].run
