@@ -27,7 +27,7 @@ from __future__ import annotations
 import textwrap
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,6 +78,7 @@ class Goal:
     total_of: Path | None = None  # a task directory (its tasks) or a demonstrations.jsonl (its lines)
     cap: int | None = None  # the total is at most this
     metrics: Path | None = None  # trainer-step: the trainer's metrics.jsonl
+    cap_only: bool = False  # the total is a cap the stage may end before (its end waits on something else)
 
     @property
     def label(self) -> str:
@@ -131,6 +132,7 @@ class Progress:
     done: int
     total: int
     rate: float | None = None
+    cap_only: bool = False  # the total is only a cap: no ETA toward it
 
     @property
     def fraction(self) -> float:
@@ -180,8 +182,11 @@ def stage_goals(stage: StageConfig, config: RunConfig, root: Path) -> list[Goal]
     until = stage.until
     if until is not None and until.topic is not None:
         goals.append(Goal(until.topic, "records", "records", key=until.topic, total=until.count))
+    ends = config.stage_exits(stage)
     for name in stage.components:
         goal = component_goal(name, config.components[name], root)
+        if goal is not None and goal.measure in ("trainer-step", "published-step") and name not in ends:
+            goal = replace(goal, cap_only=True)  # an RL trainer's max_steps while the stage ends with its rollout
         if goal is not None:
             goals.append(goal)
     return goals
@@ -295,7 +300,7 @@ def stage_progress(
             continue
         done = measured(goal, figures, stage.since_ms)
         rate = None if done is None else rates.observe(f"{stage.config.name}/{goal.label}", done, now)
-        out.append(Progress(goal.label, done or 0, total, rate))
+        out.append(Progress(goal.label, done or 0, total, rate, goal.cap_only))
     return out
 
 
@@ -327,10 +332,13 @@ def clock(seconds: float) -> str:
 
 
 def eta_text(progress: Progress) -> str:
-    """``ETA 0:01:36``, ``done``, or ``ETA -`` while the rate is unknown."""
+    """``ETA 0:01:36``, ``done``, ``ETA -`` while the rate is unknown, or ``cap`` when the total is only a cap the
+    stage may end before (an RL trainer's ``max_steps``: its stage ends with its rollout)."""
     eta = progress.eta_s
     if progress.done >= progress.total:
         return "done"
+    if progress.cap_only:
+        return "cap"
     return "ETA -" if eta is None else f"ETA {clock(eta)}"
 
 

@@ -7,7 +7,7 @@ the eval split and skips any task an earlier one repeats, so drawing ``train_tas
 distribution that no stage trains on.
 
 ``python -m recipes.file_lookup.validation RUN_DIR [--tasks 200] [--recipe RUN_DIR/recipe.yaml] [generate options]``
-writes ``RUN_DIR/validation/<task id>/`` (``ablation.yaml`` in this folder runs it as part of the setup stage). It is
+writes ``RUN_DIR/validation/<task id>/`` (``overlays/ablation.yaml`` runs it as part of the setup stage). It is
 idempotent: an existing split written with the same options is kept.
 """
 

@@ -30,7 +30,7 @@ ROOT = Path("/runs/file-lookup")
 
 
 def goals_of(stage: str) -> list[Goal]:
-    config = load_run_config(RECIPE)
+    config = load_run_config(RECIPE, sets=["templates.bar-rollout.rounds=8"])  # pinned: tuning moves no figure
     return stage_goals(next(s for s in config.stages if s.name == stage), config, ROOT)
 
 
@@ -48,8 +48,24 @@ def test_the_demos_stage_counts_trajectories_to_its_until_and_episodes_to_the_de
 def test_an_rl_stage_counts_rounds_times_budget_episodes_and_the_trainer_steps_of_its_max_steps() -> None:
     assert goals_of("rl-bar") == [
         Goal("rollout-rl", "episodes", "episodes", total=8 * 64),
-        Goal("trainer-rl", "steps", "trainer-step", total=6000, metrics=ROOT / "trainer-rl" / "metrics.jsonl"),
+        Goal(
+            "trainer-rl",
+            "steps",
+            "trainer-step",
+            total=6000,
+            metrics=ROOT / "trainer-rl" / "metrics.jsonl",
+            cap_only=True,
+        ),
     ]
+
+
+def test_a_trainers_max_steps_is_only_a_cap_without_an_eta_when_its_stage_ends_with_something_else() -> None:
+    (sft,) = goals_of("sft-successful")  # ends when the trainer exits: its steps have an ETA
+    assert not sft.cap_only
+    (_, rl) = goals_of("rl-bar")  # ends with its rollout: 6000 steps is a cap, not a prediction
+    assert rl.cap_only
+    assert eta_text(Progress(rl.label, 1405, 6000, 0.1, cap_only=True)) == "cap"
+    assert eta_text(Progress(sft.label, 400, 1000, 2.0)) == "ETA 0:05:00"
 
 
 def test_an_evaluation_counts_the_tasks_of_its_stage_of_the_eval_split_and_the_value_trainer_its_steps() -> None:
