@@ -51,6 +51,7 @@ sys.path.remove(str(Path(__file__).resolve().parent))
 
 from orchard.run.recipe_layers import layered_recipe  # noqa: E402
 from orchard.topics import MODEL_CALLS, OUTCOMES  # noqa: E402
+from recipes.gui.setup import families_named  # noqa: E402
 
 RECIPE = REPO / "recipes" / "gui" / "recipe.yaml"
 TRAINERS = ("trainer-credit", "trainer-rl")
@@ -69,7 +70,8 @@ def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
         expert["episodes_per_task"] = args.episodes_per_task
     for stage in recipe["stages"]:
         if stage["name"] == "demos":
-            stage["until"]["count"] = len(tasks["families"]) * tasks["train_per_family"] * expert["episodes_per_task"]
+            families = families_named(tasks["families"])  # a list, or a name: all, cpu
+            stage["until"]["count"] = len(families) * tasks["train_per_family"] * expert["episodes_per_task"]
     if args.sft_steps is not None:
         components["trainer-credit"]["set"] = set_override(components["trainer-credit"]["set"], "max_steps",
                                                            args.sft_steps)  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.exceptions import ConfigError
-from orchard.run.config import RECIPE_DIR
+from orchard.run.config import RECIPE_DIR, RUN_DIR
 from orchard.run.recipe_layers import layered_recipe, replace_in_strings
 
 RUN_RECIPE = "{run_dir}/recipe.yaml"
@@ -103,6 +103,9 @@ def recipe_defaults(
             if key not in block.options:
                 known = ", ".join(sorted([*block.options, *block.recorded, *block.nested]))
                 raise ConfigError(f"{where}: {parser.prog} has no such setting (known: {known})")
+            if RUN_DIR in str(value):  # the blocks are not run strings: relative paths are relative to the run already
+                raise ConfigError(f"{where}: {RUN_DIR} is not filled in here; write the path relative to the run "
+                                  f"directory instead (e.g. {str(value).replace(RUN_DIR + '/', '')!r})")  # fmt: skip
             dest = block.options[key]
             defaults[dest] = _checked(replace_in_strings(value, RECIPE_DIR, str(folder)), actions[dest], where, folder)
     for key, dest in top.items():

@@ -142,7 +142,11 @@ def _run_rounds(
     )  # fmt: skip
     scheduler = run_rollout_scheduler(bus, config, submit)
     log.info("rollout finished", run_id=run_id, rounds=scheduler.rounds_submitted, episodes=scheduler.submitted,
-             timed_out_rounds=scheduler.timed_out_rounds)  # fmt: skip
+             timed_out_rounds=scheduler.timed_out_rounds, out_of_tasks=scheduler.out_of_tasks)  # fmt: skip
+    if scheduler.out_of_tasks:  # fewer episodes than asked for: the stage must not pass as if it had them all
+        err_console.print(f"[red]every task reached --max-task-outcomes after {scheduler.rounds_submitted} of "
+                          f"{rounds or 1} rounds: give more tasks, fewer rounds or a higher cap[/]")  # fmt: skip
+        raise typer.Exit(1)
     return len(scheduler.outstanding) + scheduler.timed_out_rounds
 
 

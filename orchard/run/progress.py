@@ -224,7 +224,7 @@ def trainer_settings(spec: PolicyTrainerComponent, root: Path) -> tuple[int | No
     values: dict[str, Any] = {}
     if spec.config is not None:
         try:
-            loaded = yaml.safe_load(Path(spec.config).read_text())
+            loaded = yaml.safe_load(Path(_in_run(str(spec.config), root)).read_text())
         except (OSError, yaml.YAMLError):
             loaded = None
         values.update(loaded if isinstance(loaded, dict) else {})

@@ -151,7 +151,8 @@ class BalancedRollout:
     def allocate(self, task_ids: Iterable[str], budget: int | None = None) -> dict[str, int]:
         """Rollouts per task for the next round (every task listed, possibly 0), summing to at most ``budget``.
 
-        The sum is less than the budget only when every task is at ``max_rollouts``.
+        The sum is less than the budget only when every task still eligible (under ``max_task_outcomes``) is at
+        ``max_rollouts``; it is 0 once no task is.
         """
         listed = sorted(set(task_ids))
         remaining = self.config.budget if budget is None else budget

@@ -83,6 +83,7 @@ class RolloutScheduler:
         self.observed = 0
         self.submitted = 0
         self.timed_out_rounds = 0
+        self.out_of_tasks = False  # a round found no task under max_task_outcomes
 
     @property
     def exhausted(self) -> bool:
@@ -196,7 +197,13 @@ def run_rollout_scheduler(
                 break
             if scheduler.exhausted:
                 break
-            scheduler.submit_round()
+            if not scheduler.submit_round():
+                # every task reached max_task_outcomes: later rounds would be empty too, so say so and end here
+                log.warning("no task left to roll out: every task has reached max_task_outcomes", run_id=config.run_id,
+                            rounds=scheduler.rounds_submitted - 1, of=config.rounds)  # fmt: skip
+                scheduler.rounds_submitted -= 1
+                scheduler.out_of_tasks = True
+                break
             deadline = time.monotonic() + config.round_timeout_s
             while not scheduler.round_done and time.monotonic() < deadline and not (stop and stop.is_set()):
                 _feed(consumer.poll(timeout_s=1.0), scheduler, codec)

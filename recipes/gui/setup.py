@@ -218,7 +218,7 @@ def setup(run_dir: Path, config: GuiSetupConfig, demos: DemoConfig) -> tuple[Pat
     return tasks_dir, demos_dir
 
 
-def _families(value: str | Sequence[str]) -> tuple[str, ...]:
+def families_named(value: str | Sequence[str]) -> tuple[str, ...]:
     """``all``, ``cpu``, a comma-separated list (the command line) or a list of names (a recipe's ``tasks:``)."""
     if not isinstance(value, str):
         return tuple(value)
@@ -249,7 +249,7 @@ def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
     fields = {name: getattr(args, name) for name in SuiteConfig.model_fields if getattr(args, name) is not None}
     return {
         "run_dir": args.run_dir,
-        "config": GuiSetupConfig(suite=SuiteConfig(**fields), families=_families(args.families)),
+        "config": GuiSetupConfig(suite=SuiteConfig(**fields), families=families_named(args.families)),
         "demos": DemoConfig(
             episodes_per_task=args.episodes_per_task, failing_fraction=args.failing_fraction, seed=args.expert_seed
         ),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
 
+from orchard.codec import Codec
 from orchard.episode_requests import EpisodeRequest
 from producers.rollout.balanced import BalancedRolloutConfig
 from producers.rollout.exceptions import SubmissionError
@@ -133,3 +135,27 @@ def test_env_submitter_posts_episodes_and_treats_a_known_episode_as_done() -> No
         ("e2", "g", "t"),
         ("e3", "g", "t"),
     ]
+
+
+def test_the_scheduler_ends_and_says_so_when_every_task_has_reached_max_task_outcomes(tmp_path: Path) -> None:
+    from orchard.bus import open_bus
+    from orchard.config import EmbeddedBusConfig
+    from producers.rollout.scheduler import run_rollout_scheduler
+
+    submitted: list[EpisodeRequest] = []
+    settings = config(rounds=5, rollout=BalancedRolloutConfig(budget=2, min_rollouts=2, max_rollouts=2,
+                                                              max_task_outcomes=2), round_timeout_s=5.0)  # fmt: skip
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        codec = Codec.default()
+        with bus.producer() as producer:
+
+            def submit(request: EpisodeRequest) -> None:  # Env answers at once: every episode succeeds
+                submitted.append(request)
+                record = {**outcome(request, True), "reward": 1.0, "num_model_calls": 1, "started_at": 1, "ended_at": 1}
+                producer.send(settings.topic, codec.encode("EpisodeOutcome", record), key=request.episode_id.encode())
+                producer.flush()
+
+            scheduler = run_rollout_scheduler(bus, settings, submit, codec=codec)
+
+    assert len(submitted) == 4 and {request.task_id for request in submitted} == set(settings.tasks)
+    assert (scheduler.rounds_submitted, scheduler.out_of_tasks) == (2, True)  # not 5 rounds, 3 of them empty

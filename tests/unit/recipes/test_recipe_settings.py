@@ -152,6 +152,7 @@ def test_an_unknown_key_is_refused_naming_the_key_and_the_file(
         ({"tasks": {"train_per_kind": True}}, "tasks.train_per_kind: True is not an integer"),
         ({"expert": {"wrong_fraction": [0.5]}}, "expert.wrong_fraction: [0.5] is not a number"),
         ({"expert": "wrong"}, "expert must be a mapping of settings, not 'wrong'"),
+        ({"tasks": {"train_per_kind": "{run_dir}/8"}}, "tasks.train_per_kind: {run_dir} is not filled in here"),
     ],
 )  # fmt: skip
 def test_a_recorded_key_naming_another_module_and_a_value_of_the_wrong_type_are_refused(

@@ -142,3 +142,9 @@ def test_the_stage_shown_is_the_running_or_failed_one_else_the_next() -> None:
     for stage in stages:
         stage.status = "completed"
     assert focus_stage(stages) is None
+
+
+def test_a_trainer_config_file_under_the_run_directory_is_read_from_it(tmp_path: Path) -> None:
+    (tmp_path / "trainer.yaml").write_text("max_steps: 77\nrun_dir: /elsewhere\n")
+    spec = PolicyTrainerComponent(kind="policy-trainer", config="{run_dir}/trainer.yaml")
+    assert trainer_settings(spec, tmp_path) == (77, Path("/elsewhere"))
