@@ -236,11 +236,6 @@ def prepare(work: Path, bus: KafkaBus) -> list[str]:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.xfail(
-    strict=False,
-    reason="known flaky (issue 21): in 1 of 5 runs the assembler exits 1 while a broker is down (CI, 2026-12-02); "
-    "not yet explained, so the test stays in the suite and reports XPASS/XFAIL instead of failing the build",
-)
 def test_two_broker_kills_under_a_standalone_pipeline_stop_no_component_and_count_every_record_once(
     dedicated_kafka: Callable[..., Any], tmp_path: Path
 ) -> None:
