@@ -407,14 +407,18 @@ class ConsumerRuntime:
         return idle_since
 
     def _note_fenced(self, exc: MemberFencedError) -> None:
-        """A fenced member starts a fresh session (state restored, from the committed offsets): librdkafka fences a
-        static member that rejoins after a session time-out (a coordinator broker lost), with no other process
-        involved. Fenced again within ``FENCED_AGAIN_S``, another instance really uses this id: raise."""
+        """A member that fenced itself starts a fresh session (state restored, from the committed offsets):
+        librdkafka fences a static member that rejoins after a session time-out (a coordinator broker lost), with
+        no other process involved, and a broker lost twice fences it twice. Fenced by another instance with the
+        same id: raise. When the bus cannot say which, a second fence within ``FENCED_AGAIN_S`` raises."""
+        if exc.by_another:
+            raise exc
         now = time.monotonic()
-        if now - self._fenced_at < FENCED_AGAIN_S:
+        if exc.by_another is None and now - self._fenced_at < FENCED_AGAIN_S:
             raise exc
         self._fenced_at = now
-        self.log.warning("consumer fenced; starting a fresh session", again_within_s=FENCED_AGAIN_S)
+        self.log.warning("consumer fenced; starting a fresh session", by_another=exc.by_another,
+                         again_within_s=FENCED_AGAIN_S)  # fmt: skip
 
     def _caught_up(self, consumer: Consumer) -> bool:
         """Whether every assigned partition has been read to its end, so idle time may count as time passing.

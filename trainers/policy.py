@@ -59,6 +59,7 @@ from transformers import PreTrainedTokenizerBase
 
 from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, open_bus
+from orchard.bus.base import poll_through_self_fence
 from orchard.bus.dead_letter import DeadLetterRouter
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
@@ -194,7 +195,7 @@ class PolicyTrainer:
             if self._replay_complete():  # restored at the very end of a replayed pass
                 self._next_epoch(consumer)
                 continue
-            records = consumer.poll(max_records=256, timeout_s=self.config.poll_timeout_s)
+            records = poll_through_self_fence(consumer, max_records=256, timeout_s=self.config.poll_timeout_s)
             if records:
                 last_arrival = time.monotonic()
                 self._enqueue(records, router)

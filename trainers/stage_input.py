@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from orchard.bus import Bus, Consumer, Record, TopicPartition
+from orchard.bus.base import poll_through_self_fence
 from orchard.logging import get_logger
 from trainers.checkpoint import Offsets
 from trainers.exceptions import TrainerError
@@ -78,7 +79,7 @@ def read_to_end(
             log.info(
                 "waiting for the stage's samples", behind={f"{tp.topic}[{tp.partition}]": n for tp, n in behind.items()}
             )
-        for record in consumer.poll(max_records=256, timeout_s=poll_timeout_s):
+        for record in poll_through_self_fence(consumer, max_records=256, timeout_s=poll_timeout_s):
             if record.offset < end.get(record.topic_partition, 0):
                 yield record
 

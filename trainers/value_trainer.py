@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Producer, Record
-from orchard.bus.base import TopicPartition
+from orchard.bus.base import TopicPartition, poll_through_self_fence
 from orchard.bus.dead_letter import DeadLetterRouter
 from orchard.episode_groups import is_eval_group
 from orchard.logging import get_logger
@@ -253,7 +253,9 @@ def run_value_trainer(
             consumer.seek(TopicPartition(config.topic, partition), offset)
         idle = 0
         while not _finished(trainer, config, stop):
-            records = consumer.poll(max_records=config.batch_size * 4, timeout_s=config.poll_timeout_s)
+            records = poll_through_self_fence(
+                consumer, max_records=config.batch_size * 4, timeout_s=config.poll_timeout_s
+            )
             # A poll before the group has assigned partitions (a Kafka rebalance takes seconds) is not idleness.
             idle = 0 if records or not consumer.assignment() else idle + 1
             if max_idle_polls is not None and idle >= max_idle_polls:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchard.bus.exceptions import BusError, RecordTooLargeError
+from orchard.bus.exceptions import BusError, MemberFencedError, RecordTooLargeError
 
 StartPosition = Literal["earliest", "latest"] | int
 """Where a consumer starts reading a partition without a committed offset: ``earliest``, ``latest``, or a timestamp
@@ -186,6 +186,11 @@ class Consumer(ABC):
     def close(self) -> None:
         """Leave the group (without committing) and release resources."""
 
+    def rejoin(self) -> None:
+        """After a ``MemberFencedError`` that says this consumer fenced itself: join again under the same instance
+        id and read on from where ``poll`` left off. Only a bus whose members can fence themselves has this."""
+        raise BusError(f"{type(self).__name__} cannot rejoin its group")
+
     def __enter__(self) -> Consumer:
         return self
 
@@ -261,6 +266,20 @@ class Bus(ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def poll_through_self_fence(consumer: Consumer, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+    """``consumer.poll``, rejoining (and returning nothing this time) when the consumer fenced itself, as a static
+    member does when its group's coordinator broker is lost; a fence by another consumer with the same instance id
+    (or one the bus cannot attribute) is raised. For a consumer whose unprocessed records live only in memory (a
+    trainer): a transactional consumer starts a fresh session from its committed offsets instead."""
+    try:
+        return consumer.poll(max_records, timeout_s)
+    except MemberFencedError as exc:
+        if exc.by_another is not False:
+            raise
+        consumer.rejoin()
+        return []
 
 
 def check_start(start: StartPosition) -> StartPosition:

@@ -38,7 +38,15 @@ class TransactionPendingError(BusError):
 
 class MemberFencedError(BusError):
     """A static group member was fenced: another consumer joined with its ``group.instance.id``, or (librdkafka
-    issue #3437) this one rejoined after a session time-out while its old membership was still being answered."""
+    issue #3437) this one rejoined after a session time-out while its old membership was still being answered.
+
+    ``by_another`` says which, as the group's coordinator saw it after the fence: True when a different consumer
+    holds the instance id now, False when this consumer still does (or nobody), None when the group could not be
+    described."""
+
+    def __init__(self, message: str, *, by_another: bool | None = None) -> None:
+        super().__init__(message)
+        self.by_another = by_another
 
 
 class ConsumerClosedError(BusError):

@@ -13,7 +13,8 @@ for how long. Topics get replication 3 and ``min.insync.replicas`` 2 on three br
 (``kafka_faults.choose_replication``).
 A transactional producer that hit a fatal error is replaced by a fresh one with the same id before its next
 transaction (one fenced by a newer producer is not: that one has taken over). A static group member fenced by
-another with the same ``group.instance.id`` raises at its next ``poll`` instead of polling nothing forever.
+another with the same ``group.instance.id`` raises at its next ``poll`` instead of polling nothing forever; the
+error says whether another consumer took the id or this one fenced itself, rejoining after its session timed out.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ log = get_logger("bus.kafka")
 # librdkafka's own log lines (connection refused, retries) go to stdlib logging, not straight to stderr.
 librdkafka_logger = logging.getLogger("orchard.bus.librdkafka")
 REQUEST_OVERHEAD_BYTES = 64 * 1024
+SELF_FENCE_WINDOW_S = 60.0  # a fence this soon after the member's own session time-out is taken as self-inflicted
 T = TypeVar("T")
 
 
@@ -504,6 +506,7 @@ class KafkaConsumer(Consumer):
         self.bus = bus
         self.group = group
         self.instance_id = instance_id
+        self._lost_at = -math.inf  # when a session time-out last took this member's partitions (monotonic)
         self.start = start
         self._pending_seeks: dict[TopicPartition, int] = {}
         conf: dict[str, Any] = {
@@ -518,6 +521,8 @@ class KafkaConsumer(Consumer):
         }
         if instance_id is not None:
             conf["group.instance.id"] = instance_id
+        self._conf, self._topics = conf, list(topics)
+        self._next: dict[TopicPartition, int] = {}  # the offset after the last record poll returned, or a seek's
         self.raw: RawConsumer | None = RawConsumer(conf)
         self._manual: dict[TopicPartition, int] = {}
         # Offsets this consumer was assigned or sought to, the position of a partition nothing was fetched from yet
@@ -530,7 +535,7 @@ class KafkaConsumer(Consumer):
             self._manual = self._start_offsets(parts)
             self._assign_manual()
         else:
-            self.raw.subscribe(topics, on_assign=self._on_assign)
+            self.raw.subscribe(topics, on_assign=self._on_assign, on_lost=self._on_lost)
 
     def _consumer(self) -> RawConsumer:
         if self.raw is None:
@@ -594,7 +599,26 @@ class KafkaConsumer(Consumer):
                 self._check_error(error)
                 continue
             out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
+            self._next[TopicPartition(msg.topic(), msg.partition())] = msg.offset() + 1
         return out
+
+    def rejoin(self) -> None:
+        """Replace a fenced group membership with a fresh one under the same ``group.instance.id`` that reads on
+        from where ``poll`` left off on every partition it gets (not from the group's committed offsets)."""
+        if self.group is None:
+            raise BusError("only a group consumer can rejoin its group")
+        resume = {**self._assigned, **self._next}
+        old, self.raw = self._consumer(), None
+        try:
+            old.close()
+        except (KafkaException, RuntimeError) as exc:  # a fatal consumer may refuse a clean leave
+            log.warning("fenced consumer did not close cleanly", group=self.group, error=str(exc))
+        self._pending_seeks.update(resume)
+        self._assigned = {}
+        self.raw = RawConsumer(self._conf)
+        self.raw.subscribe(self._topics, on_assign=self._on_assign, on_lost=self._on_lost)
+        log.info("rejoined the group after a fence", group=self.group, instance_id=self.instance_id,
+                 resume={f"{tp.topic}[{tp.partition}]": o for tp, o in sorted(resume.items())})  # fmt: skip
 
     def _check_error(self, error: KafkaError) -> None:
         """Raise on a fatal error (a fenced static member: another process joined with the same instance id, so
@@ -603,12 +627,35 @@ class KafkaConsumer(Consumer):
             log.warning("consumer error", error=error.str())
             return
         if error.code() in FENCED_CODES or "fenced" in error.str().lower():
+            by_another = self._instance_held_by_another()
+            if by_another is False:
+                raise MemberFencedError(
+                    f"consumer of group {self.group!r} was fenced by its own earlier membership of group.instance.id "
+                    f"{self.instance_id!r} (it rejoined after its session timed out, as when the group's coordinator "
+                    f"broker is lost); a fresh consumer with the same id may take over ({error.str()})",
+                    by_another=False,
+                )
             raise MemberFencedError(
                 f"consumer of group {self.group!r} was fenced: another consumer joined the group with the same "
                 f"group.instance.id {self.instance_id!r}, and only one may use it; give each process its own "
-                f"instance id ({error.str()})"
+                f"instance id ({error.str()})",
+                by_another=by_another,
             )
         raise BusError(f"fatal consumer error in group {self.group!r}: {error.str()}")
+
+    def _instance_held_by_another(self) -> bool:
+        """Whether a fence now came from another consumer with this instance id: unless this consumer's session timed
+        out shortly before (its assignment was lost), the only other way librdkafka gets fenced (issue #3437). The
+        group's description cannot tell: right after a fence it still names the fenced member as the id's holder."""
+        lost_ago = time.monotonic() - self._lost_at
+        log.info("static member fenced", group=self.group, instance_id=self.instance_id,
+                 session_lost_s_ago=round(lost_ago, 1) if math.isfinite(lost_ago) else None)  # fmt: skip
+        return lost_ago > SELF_FENCE_WINDOW_S
+
+    def _on_lost(self, raw: RawConsumer, partitions: list[RawTopicPartition]) -> None:
+        self._lost_at = time.monotonic()
+        log.warning("consumer session lost its partitions", group=self.group, partitions=len(partitions))
+        raw.unassign()
 
     def commit(self) -> None:
         """Commit the positions of what ``poll`` returned (synchronously; retried while the coordinator moves)."""
@@ -659,6 +706,7 @@ class KafkaConsumer(Consumer):
             self._pending_seeks[tp] = offset
             return
         self._assigned[tp] = offset
+        self._next.pop(tp, None)
         try:
             raw.seek(RawTopicPartition(tp.topic, tp.partition, offset))
         except KafkaException:

@@ -31,6 +31,7 @@ Run: ``python -m recipes.file_lookup.expert plan TASKS_DIR OUT_DIR [--episodes-p
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
@@ -182,10 +183,18 @@ class ExpertBackend:
     """
 
     def __init__(
-        self, model: str = "file-lookup-expert", policy_version: int = 0, tokenizer: TraceTokenizer | None = None
+        self,
+        model: str = "file-lookup-expert",
+        policy_version: int = 0,
+        tokenizer: TraceTokenizer | None = None,
+        latency_s: float = 0.0,
     ) -> None:
-        """``tokenizer``: report the policy's own token ids (so demonstrations can be trained on)."""
-        self.model, self.policy_version, self.tokenizer = model, policy_version, tokenizer
+        """``tokenizer``: report the policy's own token ids (so demonstrations can be trained on). ``latency_s``:
+        answer each episode's request that long after it arrived, as a model would (a fault test needs episodes
+        still running while it breaks something)."""
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        self.model, self.policy_version, self.tokenizer, self.latency_s = model, policy_version, tokenizer, latency_s
         self._apps: dict[str, ASGIApp] = {}
         self._models: ASGIApp = create_scripted_app(ScriptedPlan(model=model), policy_version)
 
@@ -199,10 +208,10 @@ class ExpertBackend:
 
     @classmethod
     def from_directory(
-        cls, directory: Path, policy_version: int = 0, tokenizer: TraceTokenizer | None = None
+        cls, directory: Path, policy_version: int = 0, tokenizer: TraceTokenizer | None = None, latency_s: float = 0.0
     ) -> ExpertBackend:
         """A backend serving every plan ``main`` wrote under ``directory/plans``."""
-        backend = cls(policy_version=policy_version, tokenizer=tokenizer)
+        backend = cls(policy_version=policy_version, tokenizer=tokenizer, latency_s=latency_s)
         for path in sorted((directory / "plans").glob("*.yaml")):
             backend.register(path.stem, ScriptedPlan.from_file(path))
         return backend
@@ -220,6 +229,8 @@ class ExpertBackend:
         if app is None:
             await _not_found(send, episode_id)
             return
+        if self.latency_s and episode_id:
+            await asyncio.sleep(self.latency_s)
         await app(scope, receive, send)
 
 
@@ -271,7 +282,12 @@ def _counts(demos: Sequence[Demonstration]) -> Mapping[str, int]:
 
 
 def serve(
-    directory: Path, host: str = "127.0.0.1", port: int = 8000, policy_version: int = 0, tokenizer: str = "tiny"
+    directory: Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    policy_version: int = 0,
+    tokenizer: str = "tiny",
+    latency_s: float = 0.0,
 ) -> None:
     """Serve the plans under ``directory`` (written by ``write_demonstrations``) until interrupted.
 
@@ -282,8 +298,8 @@ def serve(
         from orchard.datasets.conversation import ChatTokenizer
 
         chat = ChatTokenizer.load(tokenizer)
-    backend = ExpertBackend.from_directory(directory, policy_version, chat)
-    log.info("serving expert plans", plans=len(backend), host=host, port=port)
+    backend = ExpertBackend.from_directory(directory, policy_version, chat, latency_s)
+    log.info("serving expert plans", plans=len(backend), host=host, port=port, latency_s=latency_s)
     uvicorn.run(backend, host=host, port=port, log_level="warning", lifespan="off", ws="none")
 
 
@@ -303,9 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--policy-version", type=int, default=0)
     server.add_argument("--tokenizer", default="tiny", help="The policy's tokenizer: tiny, a directory, or none.")
+    server.add_argument("--latency-s", type=float, default=0.0,
+                        help="Answer each episode's request this many seconds after it arrived (default 0).")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args.out, args.host, args.port, args.policy_version, args.tokenizer)
+        if args.latency_s < 0:
+            parser.error(f"--latency-s must be >= 0, got {args.latency_s}")
+        serve(args.out, args.host, args.port, args.policy_version, args.tokenizer, args.latency_s)
         return 0
     config = ExpertConfig(seed=args.seed, imperfect_fraction=args.imperfect_fraction)
     write_demonstrations(args.tasks, args.out, Expert(config), args.episodes_per_task)

@@ -46,6 +46,9 @@ EPISODES = 30
 RUN_ID = "broker-kill"
 SERVERS = ("expert", "proxy", "env")
 WORKERS = ("assembler", "builder", "trainer", "rollout")
+# Each model answer waits this long, so episodes are still running at the second kill: without it all 30 were done
+# by then in 2 of 5 runs (the replicas take 25-40 s to catch up after the first kill).
+EXPERT_LATENCY_S = 0.6
 
 
 def free_port() -> int:
@@ -101,7 +104,7 @@ def start_servers(pipeline: Pipeline) -> None:
     work = pipeline.work
     commands = {
         "expert": [sys.executable, "-m", "recipes.file_lookup.expert", "serve", str(work / "demos"),
-                   "--port", str(ports["expert"])],
+                   "--port", str(ports["expert"]), "--latency-s", str(EXPERT_LATENCY_S)],
         "proxy": [ORCHARD, "proxy", "serve", "--backend", f"{urls['expert']}/v1", "--port", str(ports["proxy"])],
         "env": [ORCHARD, "env", "serve", "--tasks", str(work / "tasks" / "train"), "--proxy", urls["proxy"],
                 "--port", str(ports["env"]), "--concurrency", "1", "--timeout", "120",

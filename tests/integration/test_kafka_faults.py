@@ -1,5 +1,6 @@
 """Faults on a real Apache Kafka broker: a restart mid-stream loses no acknowledged record and doubles none; a broker
-that stops answering for longer than a request's time-out is waited for; a fenced static member stops."""
+that stops answering for longer than a request's time-out is waited for; a static member fenced by another consumer
+stops, one that fenced itself rejoins where it was."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from confluent_kafka import TopicPartition as RawTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from orchard.bus import BusError, BusUnavailableError, Delivery
-from orchard.bus.kafka import KafkaBus
+from orchard.bus.base import poll_through_self_fence
+from orchard.bus.exceptions import MemberFencedError
+from orchard.bus.kafka import KafkaBus, KafkaConsumer
 from orchard.config import KafkaBusConfig
 
 
@@ -170,11 +173,56 @@ def test_a_fenced_static_member_raises_instead_of_polling_nothing(
             pass
         second = bus.consumer([topic], group, instance_id="same-instance")
         second.poll(timeout_s=1.0)
-        with pytest.raises(BusError, match="was fenced: another consumer joined the group with the same"):
+        with pytest.raises(MemberFencedError, match="was fenced: another consumer joined the group with the same") as e:
             while time.monotonic() < deadline + 30:
-                first.poll(timeout_s=1.0)
+                poll_through_self_fence(first, timeout_s=1.0)  # another consumer's fence is not ridden out
+        assert e.value.by_another is True
     finally:
         first.close()
         if second is not None:
             second.close()
+        bus.close()
+
+
+@pytest.mark.kafka
+def test_a_static_member_that_rejoins_holds_its_instance_id_and_reads_on_from_its_poll_position(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """What a trainer does after fencing itself: nothing was committed, yet the fresh membership neither re-reads
+    what was polled nor skips anything."""
+    bus = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
+    topic, group = unique_name("rejoin"), unique_name("trainer")
+    bus.create_topic(topic, partitions=2)
+    producer = bus.producer()
+    for i in range(40):
+        producer.send(topic, f"{i}".encode(), key=f"k{i}".encode())
+    producer.flush()
+    consumer = bus.consumer([topic], group, instance_id="rejoiner")
+    assert isinstance(consumer, KafkaConsumer)
+    seen: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 15 and time.monotonic() < deadline:
+            seen.extend(r.value for r in consumer.poll(max_records=5, timeout_s=1.0))
+        consumer.rejoin()
+        while len(seen) < 40 and time.monotonic() < deadline:
+            seen.extend(r.value for r in consumer.poll(max_records=5, timeout_s=1.0))
+        seen.extend(r.value for r in consumer.poll(timeout_s=2.0))
+        assert sorted(seen, key=int) == [f"{i}".encode() for i in range(40)]  # each once
+    finally:
+        consumer.close()
+        bus.close()
+
+
+@pytest.mark.kafka
+def test_only_a_group_consumer_can_rejoin(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
+    bus = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
+    topic = unique_name("reader")
+    bus.create_topic(topic, partitions=1)
+    reader = bus.consumer([topic], group=None)
+    try:
+        with pytest.raises(BusError, match="only a group consumer can rejoin"):
+            reader.rejoin()
+    finally:
+        reader.close()
         bus.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -10,6 +12,8 @@ from confluent_kafka import KafkaError, KafkaException
 from pydantic import ValidationError
 
 from orchard.bus import BusUnavailableError
+from orchard.bus.exceptions import MemberFencedError
+from orchard.bus.kafka import SELF_FENCE_WINDOW_S, KafkaConsumer
 from orchard.bus.kafka_faults import (
     RetryPolicy,
     choose_replication,
@@ -145,3 +149,27 @@ def test_config_refuses_a_min_isr_above_the_replication() -> None:
         KafkaBusConfig(bootstrap_servers="b:9092", replication_factor=2, min_insync_replicas=3)
     defaults = KafkaBusConfig(bootstrap_servers="b:9092")
     assert (defaults.replication_factor, defaults.min_insync_replicas, defaults.retry_timeout_s) == (None, None, 120.0)
+
+
+def fenced_consumer(lost_s_ago: float | None) -> KafkaConsumer:
+    """A Kafka consumer's fence bookkeeping alone (no client): its session lost that long ago, or never."""
+    consumer = object.__new__(KafkaConsumer)
+    consumer.group, consumer.instance_id = "g", "g.one"
+    consumer._lost_at = -math.inf if lost_s_ago is None else time.monotonic() - lost_s_ago
+    return consumer
+
+
+FENCE = KafkaError(KafkaError.FENCED_INSTANCE_ID, "Static consumer fenced by other consumer", fatal=True)
+
+
+def test_a_fence_soon_after_the_members_own_session_time_out_is_self_inflicted() -> None:
+    with pytest.raises(MemberFencedError, match="fenced by its own earlier membership") as fenced:
+        fenced_consumer(lost_s_ago=3.0)._check_error(FENCE)
+    assert fenced.value.by_another is False
+
+
+@pytest.mark.parametrize("lost_s_ago", [None, SELF_FENCE_WINDOW_S + 5])
+def test_a_fence_with_no_recent_session_time_out_is_another_consumers(lost_s_ago: float | None) -> None:
+    with pytest.raises(MemberFencedError, match="another consumer joined the group") as fenced:
+        fenced_consumer(lost_s_ago)._check_error(FENCE)
+    assert fenced.value.by_another is True
