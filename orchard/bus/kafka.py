@@ -653,9 +653,9 @@ class KafkaConsumer(Consumer):
         return lost_ago > SELF_FENCE_WINDOW_S
 
     def _on_lost(self, raw: RawConsumer, partitions: list[RawTopicPartition]) -> None:
+        """Note the time only: confluent-kafka unassigns the lost partitions itself when the callback does not."""
         self._lost_at = time.monotonic()
         log.warning("consumer session lost its partitions", group=self.group, partitions=len(partitions))
-        raw.unassign()
 
     def commit(self) -> None:
         """Commit the positions of what ``poll`` returned (synchronously; retried while the coordinator moves)."""
