@@ -13,7 +13,14 @@ interleaved in waves of 20 concurrent episodes. Per backend it prints episodes/s
 then the memory the assembler holds per open episode. Starts its own single-node Kafka (infra/local/services.py)
 unless ORCHARD_KAFKA_BOOTSTRAP is set.
 
+With ``--episodes-per-s R`` it offers a steady load instead: episodes (every call, then the outcome) arrive at R per
+second for ``--duration-s`` while one stage runs live on them; the offered rate doubles until a stage falls behind.
+A stage sustains a rate when its lag (records published but not yet read) at the end of the offer is at most 2 s of
+input; the table gives each rate's lag and output rate, per stage (the assembler on episodes; the sample builder on
+the assembler's trajectories, offered at the same rate), per backend, and the highest rate each sustained.
+
     python benchmarks/consumer_pipeline.py [--episodes 200] [--skip-kafka]
+    python benchmarks/consumer_pipeline.py --episodes-per-s 10 [--duration-s 15] [--max-rate 640] [--skip-kafka]
 """
 # ruff: noqa: E402  (the script's own folder leaves sys.path before the `consumers` package is imported)
 
@@ -45,7 +52,7 @@ from rich.table import Table
 from consumers.assembler import TrajectoryAssembler
 from consumers.config import RuntimeConfig
 from consumers.processor import Processor
-from consumers.runtime import ConsumerRuntime, DriverCore, RuntimeStats
+from consumers.runtime import ConsumerRuntime, DriverCore, RuntimeStats, read_topic
 from consumers.state import ChangelogStateStore
 from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
 from orchard.bus import Bus, Record, open_bus
@@ -59,12 +66,7 @@ console = Console(width=150)
 
 def make_episodes(count: int) -> list[SyntheticEpisode]:
     """``count`` synthetic 30-call episodes."""
-    return [
-        synthetic_episode(
-            f"bench-{i}", calls=CALLS, seed=i, first_prompt_tokens=2000, completion_tokens=250, tool_output_tokens=400
-        )  # fmt: skip
-        for i in range(count)
-    ]
+    return make_episodes_from(0, count)
 
 
 def interleave(episodes: list[SyntheticEpisode]) -> list[CapturedRecord]:
@@ -191,6 +193,140 @@ def measure(label: str, bus: Bus, episodes: list[SyntheticEpisode], raw: Callabl
     return rows
 
 
+class EpisodePool:
+    """Synthetic episodes made on demand (about 45 ms each) and reused by every rate: each rate has its namespace."""
+
+    def __init__(self) -> None:
+        self.episodes: list[SyntheticEpisode] = []
+
+    def take(self, count: int) -> list[SyntheticEpisode]:
+        if count > len(self.episodes):
+            self.episodes += make_episodes_from(len(self.episodes), count)
+        return self.episodes[:count]
+
+
+def make_episodes_from(first: int, end: int) -> list[SyntheticEpisode]:
+    return [
+        synthetic_episode(
+            f"bench-{i}", calls=CALLS, seed=i, first_prompt_tokens=2000, completion_tokens=250, tool_output_tokens=400
+        )  # fmt: skip
+        for i in range(first, end)
+    ]
+
+
+class LiveStage:
+    """One stage's runtime on a thread, reading ``namespace``'s topics as they are written."""
+
+    def __init__(self, bus: Bus, processor: Processor, namespace: str) -> None:
+        config = RuntimeConfig(max_poll_records=500, poll_timeout_s=0.2, progress_interval_s=3600)
+        self.runtime = ConsumerRuntime(bus, processor, namespace=namespace, instance_id="live", config=config)
+        self.thread = threading.Thread(target=self.runtime.run, daemon=True)
+
+    def __enter__(self) -> LiveStage:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.runtime.stats.restores:  # restored at its first assignment: it is reading
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"{self.runtime.processor.name}: no partitions assigned within 60 s")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runtime.stop()
+        self.thread.join(30)
+
+
+def offer(bus: Bus, stage: LiveStage, batches: list[list[tuple[str, bytes, bytes | None]]], rate: float) -> dict:
+    """Publish ``batches`` (one per episode) at ``rate`` per second while ``stage`` reads; its lag over time."""
+    producer = bus.producer()
+    published, lags = 0, []
+    started = time.perf_counter()
+    next_sample = next_flush = started
+    for i, batch in enumerate(batches):
+        due = started + i / rate
+        while (now := time.perf_counter()) < due:
+            if now >= next_sample:
+                lags.append(published - stage.runtime.stats.records_in)
+                next_sample = now + 0.5
+            time.sleep(min(0.002, due - now))
+        for topic, value, key in batch:
+            producer.produce(topic, value, key)
+        published += len(batch)
+        if time.perf_counter() >= next_flush:  # the embedded log shows records only once flushed: every 50 ms
+            producer.flush(120)
+            next_flush = time.perf_counter() + 0.05
+    producer.flush(120)
+    offered_s = time.perf_counter() - started
+    final_lag = published - stage.runtime.stats.records_in
+    outputs_at_end = stage.runtime.stats.outputs
+    drain_deadline = time.perf_counter() + 30
+    while stage.runtime.stats.records_in < published and time.perf_counter() < drain_deadline:
+        time.sleep(0.01)
+    producer.close()
+    return {"offered_rate": len(batches) / offered_s, "final_lag": final_lag, "max_lag": max(lags, default=0),
+            "records_per_episode": published / len(batches), "outputs_per_s": outputs_at_end / offered_s,
+            "drained_s": time.perf_counter() - started - offered_s}  # fmt: skip
+
+
+def trajectories_of(bus: Bus, episodes: list[SyntheticEpisode]) -> list[tuple[bytes, bytes | None]]:
+    """The assembler's trajectory records for ``episodes`` (value, key), made once in a scratch namespace."""
+    namespace = f"prep-{uuid.uuid4().hex[:6]}"
+    publish(bus, namespace, interleave(episodes))
+    config = RuntimeConfig(max_poll_records=500, poll_timeout_s=0.2, progress_interval_s=3600)
+    run_timed(bus, TrajectoryAssembler(), namespace, lambda s: s.outputs >= len(episodes), config, limit_s=600)
+    return [(r.value, r.key) for r in read_topic(bus, f"{namespace}.trajectories")]
+
+
+def sustained(label: str, bus: Bus, pool: EpisodePool, first_rate: float, max_rate: float, duration_s: float) -> list:
+    """Rows (backend, stage, rate, measures) for doubling offered rates until each stage falls behind."""
+    rows = []
+    stages: list[tuple[str, Callable[[], Processor | None]]] = [("assembler", TrajectoryAssembler),
+                                                                ("sample builder", sample_builder)]  # fmt: skip
+    for stage_name, make in stages:
+        rate = first_rate
+        while rate <= max_rate:
+            processor = make()
+            if processor is None:
+                break
+            episodes = pool.take(max(1, round(rate * duration_s)))
+            namespace = f"live-{uuid.uuid4().hex[:6]}"
+            for topic in ("model-calls", "outcomes", "trajectories", "scores"):
+                bus.create_topic(f"{namespace}.{topic}", 4, exist_ok=True)
+            if stage_name == "assembler":
+                batches = [[(f"{namespace}.{r.topic}", r.value, r.key) for r in e.records] for e in episodes]
+            else:
+                batches = [[(f"{namespace}.trajectories", v, k)] for v, k in trajectories_of(bus, episodes)]
+            console.print(f"[dim]{label} {stage_name}: offering {rate:g} episodes/s for {duration_s:g} s[/]")
+            with LiveStage(bus, processor, namespace) as stage:
+                result = offer(bus, stage, batches, rate)
+            bound = 2 * rate * result["records_per_episode"]
+            result["sustained"] = result["final_lag"] <= bound
+            rows.append((label, stage_name, rate, result))
+            if not result["sustained"]:
+                break
+            rate *= 2
+    return rows
+
+
+def print_sustained(rows: list) -> None:
+    table = Table(title="Sustained load: lag at the end of the offer, in records (bound: 2 s of input)")
+    for column in ("backend", "stage", "offered episodes/s", "achieved", "outputs/s", "max lag", "final lag",
+                   "drained in s", "sustained"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("backend", "stage") else "right")
+    best: dict[tuple[str, str], float] = {}
+    for label, stage, rate, r in rows:
+        table.add_row(label, stage, f"{rate:g}", f"{r['offered_rate']:.1f}", f"{r['outputs_per_s']:.1f}",
+                      f"{r['max_lag']:,}", f"{r['final_lag']:,}", f"{r['drained_s']:.1f}",
+                      "yes" if r["sustained"] else "NO")  # fmt: skip
+        if r["sustained"]:
+            best[(label, stage)] = max(best.get((label, stage), 0.0), rate)
+        else:
+            best.setdefault((label, stage), 0.0)
+    console.print(table)
+    for (label, stage), rate in best.items():
+        console.print(f"highest sustained rate, {label} {stage}: {rate:g} episodes/s")
+
+
 def memory_per_open_episode(episodes: list[SyntheticEpisode]) -> tuple[float, float, float]:
     """(Python heap bytes per open episode, state bytes per episode, encoded bytes of its records)."""
     assembler, state = TrajectoryAssembler(), ChangelogStateStore(4)
@@ -226,8 +362,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--skip-kafka", action="store_true")
+    parser.add_argument("--episodes-per-s", type=float, help="Offer a steady load, from this rate up (doubling).")
+    parser.add_argument("--duration-s", type=float, default=15.0, help="How long each rate is offered.")
+    parser.add_argument("--max-rate", type=float, default=640.0, help="The highest rate offered.")
     args = parser.parse_args()
     configure_logging("console", "WARNING")
+    if args.episodes_per_s is not None:
+        if args.episodes_per_s <= 0 or args.duration_s <= 0:
+            parser.error("--episodes-per-s and --duration-s must be > 0")
+        main_sustained(args)
+        return
     episodes = make_episodes(args.episodes)
     calls = args.episodes * CALLS
     episode_bytes = sum(len(r.value) for e in episodes for r in e.records) / len(episodes)
@@ -271,6 +415,23 @@ def main() -> None:
     memory.add_row("of which state values (the encoded calls, as read)", f"{state:,.0f}")
     memory.add_row("the episode's ModelCall records on the bus", f"{raw:,.0f}")
     console.print(memory)
+
+
+def main_sustained(args: argparse.Namespace) -> None:
+    """Doubling steady loads per stage and backend; the table of lags and the highest sustained rates."""
+    pool, rows = EpisodePool(), []
+    if not args.skip_kafka:
+        bootstrap, stop = start_kafka()
+        try:
+            bus = open_bus(KafkaBusConfig(bootstrap_servers=bootstrap, max_record_bytes=4_000_000))
+            rows += sustained("kafka", bus, pool, args.episodes_per_s, args.max_rate, args.duration_s)
+            bus.close()
+        finally:
+            stop()
+    with tempfile.TemporaryDirectory() as directory:
+        bus = open_bus(EmbeddedBusConfig(path=Path(directory)))
+        rows += sustained("embedded", bus, pool, args.episodes_per_s, args.max_rate, args.duration_s)
+    print_sustained(rows)
 
 
 if __name__ == "__main__":
