@@ -627,7 +627,7 @@ class KafkaConsumer(Consumer):
             log.warning("consumer error", error=error.str())
             return
         if error.code() in FENCED_CODES or "fenced" in error.str().lower():
-            by_another = self._instance_held_by_another()
+            by_another = self._fenced_by_another()
             if by_another is False:
                 raise MemberFencedError(
                     f"consumer of group {self.group!r} was fenced by its own earlier membership of group.instance.id "
@@ -643,7 +643,7 @@ class KafkaConsumer(Consumer):
             )
         raise BusError(f"fatal consumer error in group {self.group!r}: {error.str()}")
 
-    def _instance_held_by_another(self) -> bool:
+    def _fenced_by_another(self) -> bool:
         """Whether a fence now came from another consumer with this instance id: unless this consumer's session timed
         out shortly before (its assignment was lost), the only other way librdkafka gets fenced (issue #3437). The
         group's description cannot tell: right after a fence it still names the fenced member as the id's holder."""
