@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from orchard.bus import open_bus
+from orchard.bus import open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan
@@ -256,10 +256,9 @@ def model_calls(bus_path: Path) -> dict[str, list[tuple[float, float]]]:
     bus = open_bus(EmbeddedBusConfig(path=bus_path))
     consumer = bus.consumer([MODEL_CALLS], group=None, start="earliest")
     codec, calls = Codec.default(), {}
-    while batch := consumer.poll(max_records=500, timeout_s=0.5):
-        for record in batch:
-            call = codec.decode(record.value).record
-            calls.setdefault(call["episode_id"], []).append((call["call_index"], call["timestamp"], call["latency_ms"]))
+    for record in read_until_quiet(consumer, max_records=500, poll_timeout_s=0.5, idle_polls=1):
+        call = codec.decode(record.value).record
+        calls.setdefault(call["episode_id"], []).append((call["call_index"], call["timestamp"], call["latency_ms"]))
     consumer.close()
     bus.close()
     return {

@@ -54,7 +54,7 @@ from typing import Any
 
 import httpx
 
-from orchard.bus import open_bus
+from orchard.bus import open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.episode_requests import EpisodeRequest
@@ -313,9 +313,11 @@ def episode_records(bus_path: Path, episode_id: str) -> list[dict[str, Any]]:
     """The episode's ModelCall records, in call order."""
     bus = open_bus(EmbeddedBusConfig(path=bus_path))
     consumer = bus.consumer([MODEL_CALLS], group=None, start="earliest")
-    codec, records = Codec.default(), []
-    while batch := consumer.poll(max_records=500, timeout_s=0.5):
-        records += [codec.decode(r.value).record for r in batch]
+    codec = Codec.default()
+    records = [
+        codec.decode(r.value).record
+        for r in read_until_quiet(consumer, max_records=500, poll_timeout_s=0.5, idle_polls=1)
+    ]
     consumer.close()
     bus.close()
     return sorted((r for r in records if r["episode_id"] == episode_id), key=lambda r: r["call_index"])

@@ -135,7 +135,7 @@ def policy_lag_line(run_dir: Path, trainers: tuple[str, ...]) -> None:
 
 def run_records(run_dir: Path, topic: str) -> Iterator[dict[str, Any]]:
     """Every decodable record on ``topic`` of the bus the run's ``orchard.yaml`` names."""
-    from orchard.bus import open_bus
+    from orchard.bus import open_bus, read_until_quiet
     from orchard.codec import Codec
     from orchard.config import load_config
 
@@ -145,9 +145,8 @@ def run_records(run_dir: Path, topic: str) -> Iterator[dict[str, Any]]:
     bus, codec = open_bus(load_config(config_path).bus), Codec.default()
     try:
         reader = bus.consumer([topic])
-        while batch := reader.poll(max_records=1000, timeout_s=0.5):
-            for record in batch:
-                yield codec.decode(record.value).record
+        for record in read_until_quiet(reader, max_records=1000, poll_timeout_s=0.5, idle_polls=1):
+            yield codec.decode(record.value).record
         reader.close()
     finally:
         bus.close()

@@ -41,6 +41,7 @@ from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, Transac
 from orchard.bus.base import StartPosition
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
 from orchard.bus.exceptions import MemberFencedError, TransactionPendingError
+from orchard.bus.reading import read_until_quiet
 from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.exceptions import OrchardError
@@ -244,22 +245,15 @@ def read_topic(
     try:
         for p, offset in first.items():
             consumer.seek(TopicPartition(topic, p), offset)
-        idle = 0
-        while not _reached(consumer, topic, first, last):
-            batch = consumer.poll(max_records=2000, timeout_s=poll_timeout_s)
-            idle = 0 if batch else idle + 1
-            if idle >= idle_polls:
-                break
-            for record in batch:
-                if first[record.partition] <= record.offset < last[record.partition]:
-                    yield record
+        until = {TopicPartition(topic, p): last[p] for p in last if first[p] < last[p]}
+        records = read_until_quiet(
+            consumer, max_records=2000, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls, until=until
+        )
+        for record in records:
+            if first[record.partition] <= record.offset < last[record.partition]:
+                yield record
     finally:
         consumer.close()
-
-
-def _reached(consumer: Consumer, topic: str, first: Mapping[int, int], last: Mapping[int, int]) -> bool:
-    positions = consumer.position()
-    return all(positions.get(TopicPartition(topic, p), first[p]) >= last[p] for p in last)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from orchard.bus.exceptions import (
     TransactionError,
 )
 from orchard.bus.factory import open_bus
+from orchard.bus.reading import read_until_quiet
 
 __all__ = [
     "Bus",
@@ -29,4 +30,5 @@ __all__ = [
     "TransactionError",
     "TransactionalProducer",
     "open_bus",
+    "read_until_quiet",
 ]

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from orchard.artifacts import policy_artifact_name
-from orchard.bus import Bus, TopicPartition, open_bus
+from orchard.bus import Bus, TopicPartition, open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
 from orchard.episode_recorder import EpisodeRecorder
@@ -166,20 +166,18 @@ def _replay(
         reader = bus.consumer([topic])
         for partition, offset in starts[topic].items():
             reader.seek(TopicPartition(topic, partition), offset)
-        remaining = sum(ends[p] - starts[topic][p] for p in ends)
-        while remaining > 0 and (batch := reader.poll(max_records=500, timeout_s=2.0)):
-            remaining -= len(batch)
-            for record in batch:
-                decoded = codec.decode(record.value).record
-                if decoded["episode_id"] != episode_id:
-                    continue
-                if topic == MODEL_CALLS:
-                    k = decoded["call_index"]
-                    prompt = reconstructor.add_model_call(decoded)
-                    if not np.array_equal(prompt, script[k].prompt) or reconstructor.messages(k) != script[k].messages:
-                        raise AssertionError(f"call {k} did not rebuild exactly")
-                else:
-                    status = decoded["status"]
+        until = {TopicPartition(topic, p): end for p, end in ends.items() if end > starts[topic][p]}
+        for record in read_until_quiet(reader, max_records=500, poll_timeout_s=2.0, idle_polls=1, until=until):
+            decoded = codec.decode(record.value).record
+            if decoded["episode_id"] != episode_id:
+                continue
+            if topic == MODEL_CALLS:
+                k = decoded["call_index"]
+                prompt = reconstructor.add_model_call(decoded)
+                if not np.array_equal(prompt, script[k].prompt) or reconstructor.messages(k) != script[k].messages:
+                    raise AssertionError(f"call {k} did not rebuild exactly")
+            else:
+                status = decoded["status"]
         reader.close()
     rebuilt = sum(1 for k in range(len(script)) if k in reconstructor)
     if rebuilt != len(script):

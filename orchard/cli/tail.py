@@ -15,7 +15,7 @@ from typing import cast
 
 import typer
 
-from orchard.bus import Consumer, Record, TopicPartition
+from orchard.bus import Consumer, Record, TopicPartition, read_until_quiet
 from orchard.cli.common import state
 from orchard.cli.record_json import Entry, RecordRenderer, TokenMode, field_value
 from orchard.codec import Codec
@@ -95,7 +95,7 @@ def tail(
             start_given = from_offset is not None or from_time is not None
             _write(renderer, _last(consumer, topic, ends, selection, renderer, last, seek=not start_given))
         elif not follow:
-            _write(renderer, _selected(_to_end(consumer, ends, partition), selection, renderer))
+            _write(renderer, _selected(_to_end(consumer, topic, ends, partition), selection, renderer))
         if follow:
             _write(renderer, _selected(_forever(consumer), selection, renderer))
     except KeyboardInterrupt:
@@ -139,24 +139,21 @@ def _last(
         if narrowed:
             for p, end in ends.items():
                 consumer.seek(TopicPartition(topic, p), max(0, end - window))
-        records = _to_end(consumer, ends, selection.partition)
+        records = _to_end(consumer, topic, ends, selection.partition)
         newest = heapq.nlargest(count, _selected(records, selection, renderer), key=lambda e: e.sort_key)
         if not narrowed or len(newest) >= count or all(end <= window for end in ends.values()):
             return sorted(newest, key=lambda e: e.sort_key)
         window *= 4
 
 
-def _to_end(consumer: Consumer, ends: dict[int, int], partition: int | None) -> Iterator[Record]:
-    """Records until the consumer reached the end offsets seen at the start."""
-    idle_polls = 0
-    while True:
-        batch = consumer.poll(max_records=POLL_RECORDS, timeout_s=0.5)
-        idle_polls = 0 if batch else idle_polls + 1
-        yield from batch
-        # Transaction markers take offsets no record has, so positions may stop short of the end offsets:
-        # two empty polls in a row also mean the end.
-        if _reached(consumer.position(), ends, partition) or idle_polls >= IDLE_POLLS_AT_END:
-            return
+def _to_end(consumer: Consumer, topic: str, ends: dict[int, int], partition: int | None) -> Iterator[Record]:
+    """Records until the consumer reached the end offsets seen at the start (of ``partition``, else of all)."""
+    until = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0 and partition in (None, p)}
+    # Transaction markers take offsets no record has, so positions may stop short of the end offsets:
+    # two empty polls in a row also mean the end.
+    return read_until_quiet(
+        consumer, max_records=POLL_RECORDS, poll_timeout_s=0.5, idle_polls=IDLE_POLLS_AT_END, until=until
+    )
 
 
 def _forever(consumer: Consumer) -> Iterator[Record]:
@@ -178,9 +175,3 @@ def _position(
         for p in ends:
             if partition is None or p == partition:
                 consumer.seek(TopicPartition(topic, p), from_offset)
-
-
-def _reached(positions: dict[TopicPartition, int], ends: dict[int, int], partition: int | None) -> bool:
-    wanted = {p: end for p, end in ends.items() if partition is None or p == partition}
-    current = {tp.partition: off for tp, off in positions.items()}
-    return all(current.get(p, 0) >= end for p, end in wanted.items())

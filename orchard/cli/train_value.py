@@ -8,7 +8,6 @@ imported only inside the commands, so ``orchard --help`` stays fast.
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import threading
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
     from orchard.evaluation.cost import EvalCost
     from orchard.evaluation.heldout import HeldoutResult, Picker
     from orchard.evaluation.results import StageRow
-    from orchard.store import ArtifactStore
-    from orchard.trajectory import Trajectory
     from trainers.rerank import LabelledCandidate, RerankReport
     from trainers.value import ValueModel
 
@@ -353,6 +350,7 @@ def _rerank_candidates(
     output: Path | None,
 ) -> None:
     """Pick the best of K candidates per task with the value model; with labels, compare to a random pick."""
+    from orchard.evaluation.rerank import read_run_trajectories, write_picks
     from trainers.rerank import Reranker, candidates_from_trajectories, read_candidates_jsonl, rerank_tasks
 
     if (source is None) == (topic is None):
@@ -366,20 +364,17 @@ def _rerank_candidates(
         candidates = read_candidates_jsonl(source)
     else:
         with cli.bus() as bus:
-            candidates = candidates_from_trajectories(_read_trajectories(bus, str(topic), config.run_id))
+            candidates = candidates_from_trajectories(read_run_trajectories(bus, str(topic), config.run_id))
     with tempfile.TemporaryDirectory() as tmp:
         model = _load_value_model(ctx, value_model, name, Path(tmp))
         report = rerank_tasks(Reranker(model), candidates, rerank)
     _print_report(report, rerank, candidates)
     if output is not None:
-        with open(output, "w", encoding="utf-8") as out:
-            for task_id, pick in sorted(report.picks.items()):
-                row = {"task_id": task_id, "candidate_id": pick.best_id, "score": pick.best_score}
-                out.write(json.dumps(row) + "\n")
+        write_picks(output, report.picks)
 
 
 def _load_value_model(ctx: typer.Context, path: Path | None, name: str, tmp: Path) -> ValueModel:
-    from orchard.artifacts import policy_artifact_name
+    from orchard.evaluation.rerank import download_value_model
     from orchard.store import open_store
     from trainers.value import VALUE_INFO_FILE, ValueModel, ValueModelConfig
 
@@ -388,36 +383,10 @@ def _load_value_model(ctx: typer.Context, path: Path | None, name: str, tmp: Pat
             raise OrchardError(f"{path} is not a value model directory (no {VALUE_INFO_FILE})")
         return ValueModel.build(ValueModelConfig(model=str(path)))
     config = state(ctx).config()
-    artifact = policy_artifact_name(config.run_id, name)
     with open_store(config.store) as store:
-        version = store.latest_version(artifact)
-        if version is None:
-            raise OrchardError(f"no published value model {artifact} in {store.location}; pass --value-model")
-        _download(store, artifact, version, tmp)
-    return ValueModel.load(tmp)
-
-
-def _download(store: ArtifactStore, artifact: str, version: int, dest: Path) -> None:
-    store.download_version(artifact, version, dest, verify=True)
+        artifact, version = download_value_model(store, config.run_id, name, tmp)
     console.print(f"value model {artifact} v{version}")
-
-
-def _read_trajectories(bus: Bus, topic: str, run_id: str, max_idle_polls: int = 3) -> list[Trajectory]:
-    from orchard.codec import Codec
-    from orchard.trajectory_records import trajectory_from_record
-
-    codec = Codec.default()
-    found: list[Trajectory] = []
-    with bus.consumer([topic], group=None, start="earliest") as consumer:
-        idle = 0
-        while idle < max_idle_polls:
-            records = consumer.poll(timeout_s=1.0)
-            idle = 0 if records else idle + 1
-            for record in records:
-                decoded = codec.decode(record.value)
-                if decoded.name == "Trajectory" and decoded.record["run_id"] == run_id:
-                    found.append(trajectory_from_record(decoded.record, codec))
-    return found
+    return ValueModel.load(tmp)
 
 
 def _print_report(report: RerankReport, k: int, candidates: list[LabelledCandidate]) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchard.bus import Bus, Record, TopicPartition
+from orchard.bus import Bus, Record, TopicPartition, read_until_quiet
 from orchard.codec import Codec
 from orchard.datasets.exceptions import DatasetError
 from orchard.datasets.orchard_format import SCHEMA, trajectory_to_row
@@ -195,21 +195,12 @@ def read_partition(bus: Bus, topic: str, partition: int, start: int, end: int) -
     try:
         for other, other_end in ends.items():
             consumer.seek(TopicPartition(topic, other), start if other == partition else other_end)
-        last_record = time.monotonic()
-        while True:
-            batch = consumer.poll(max_records=500, timeout_s=0.5)
-            for record in batch:
-                if record.partition == partition and start <= record.offset < end:
-                    yield record
-            # Transaction markers take offsets no record has, so the position may stop short of the end: a
-            # partition that has given nothing for IDLE_END_S is read to its end too.
-            now = time.monotonic()
-            last_record = now if batch else last_record
-            if (
-                consumer.position().get(TopicPartition(topic, partition), start) >= end
-                or now - last_record > IDLE_END_S
-            ):
-                return
+        # Transaction markers take offsets no record has, so the position may stop short of the end: a
+        # partition that has given nothing for IDLE_END_S is read to its end too.
+        until = {TopicPartition(topic, partition): end}
+        for record in read_until_quiet(consumer, max_records=500, poll_timeout_s=0.5, quiet_s=IDLE_END_S, until=until):
+            if record.partition == partition and start <= record.offset < end:
+                yield record
     finally:
         consumer.close()
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from orchard.bus import Bus
+from orchard.bus import Bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.evaluation.exceptions import PlotError
 from orchard.evaluation.heldout import is_eval_group
@@ -47,17 +47,13 @@ def read_outcomes(
     codec = Codec.default()
     points: list[CurvePoint] = []
     with bus.consumer([topic], group=None, start="earliest") as consumer:
-        idle = 0
-        while idle < max_idle_polls:
-            records = consumer.poll(timeout_s=0.5)
-            idle = 0 if records else idle + 1
-            for record in records:
-                try:
-                    decoded = codec.decode(record.value)
-                except SerializationError:
-                    continue
-                if decoded.name == "EpisodeOutcome" and _wanted(decoded.record, run_id, include_eval):
-                    points.append(_point(decoded.record))
+        for record in read_until_quiet(consumer, max_records=500, poll_timeout_s=0.5, idle_polls=max_idle_polls):
+            try:
+                decoded = codec.decode(record.value)
+            except SerializationError:
+                continue
+            if decoded.name == "EpisodeOutcome" and _wanted(decoded.record, run_id, include_eval):
+                points.append(_point(decoded.record))
     return sorted(points, key=lambda point: point.ended_at)
 
 

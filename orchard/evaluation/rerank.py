@@ -1,20 +1,29 @@
-"""Best-of-K for held-out evaluation: a ``Picker`` that lets the value-model reranker choose among a task's K
-finished episodes, reading their ``Trajectory`` records (assembled by the consumers) from the bus.
+"""Value-model reranking in evaluation: best-of-K for held-out evaluation, and what ``orchard eval --rerank K
+--source/--topic`` reads and writes.
 
-Trajectories are assembled after the outcome is published, so the picker waits for them, up to ``wait_s`` in total
-from its first call. An episode with no trajectory by then cannot be scored and is not chosen; a task none of whose
-episodes can be scored falls back to its first finished episode (a random pick), and the fallback is counted in
-``fallbacks``. Torch is only needed by the reranker passed in.
+Best-of-K: a ``Picker`` that lets the value-model reranker choose among a task's K finished episodes, reading their
+``Trajectory`` records (assembled by the consumers) from the bus. Trajectories are assembled after the outcome is
+published, so the picker waits for them, up to ``wait_s`` in total from its first call. An episode with no
+trajectory by then cannot be scored and is not chosen; a task none of whose episodes can be scored falls back to its
+first finished episode (a random pick), and the fallback is counted in ``fallbacks``.
+
+Reranking recorded candidates: a run's trajectories read from a topic until it goes quiet (``read_run_trajectories``),
+the newest published value model fetched from the store (``download_value_model``), and the picks written as JSON
+lines (``write_picks``). Torch is only needed by the reranker and the value model, which ``trainers`` provides.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from orchard.bus import Bus, Consumer, Record
+from orchard.artifacts import policy_artifact_name
+from orchard.bus import Bus, Consumer, Record, read_until_quiet
 from orchard.codec import Codec
+from orchard.evaluation.exceptions import EvaluationError
 from orchard.evaluation.heldout import EpisodeResult
 from orchard.logging import get_logger
 from orchard.rerank_candidates import Candidate, RerankResult
@@ -22,6 +31,9 @@ from orchard.serialization_errors import SerializationError
 from orchard.topics import TRAJECTORIES
 from orchard.trajectory import Trajectory
 from orchard.trajectory_records import trajectory_from_record
+
+if TYPE_CHECKING:
+    from orchard.store import ArtifactStore
 
 log = get_logger("orchard.evaluation.rerank")
 TrajectoryFetch = Callable[[set[str], float], dict[str, Trajectory]]
@@ -92,3 +104,35 @@ class BusTrajectories:
     def close(self) -> None:
         """Close the consumer."""
         self._consumer.close()
+
+
+def read_run_trajectories(bus: Bus, topic: str, run_id: str, *, idle_polls: int = 3) -> list[Trajectory]:
+    """The ``Trajectory`` records of ``run_id`` on ``topic``, read from its start until ``idle_polls`` polls of up
+    to a second in a row come back empty."""
+    codec = Codec.default()
+    found: list[Trajectory] = []
+    with bus.consumer([topic], group=None, start="earliest") as consumer:
+        for record in read_until_quiet(consumer, max_records=500, poll_timeout_s=1.0, idle_polls=idle_polls):
+            decoded = codec.decode(record.value)
+            if decoded.name == "Trajectory" and decoded.record["run_id"] == run_id:
+                found.append(trajectory_from_record(decoded.record, codec))
+    return found
+
+
+def download_value_model(store: ArtifactStore, run_id: str, name: str, dest: Path) -> tuple[str, int]:
+    """Download the newest version ``run_id`` published of value model ``name`` into ``dest`` (verified); its artifact
+    name and version. ``EvaluationError`` if there is none."""
+    artifact = policy_artifact_name(run_id, name)
+    version = store.latest_version(artifact)
+    if version is None:
+        raise EvaluationError(f"no published value model {artifact} in {store.location}; pass --value-model")
+    store.download_version(artifact, version, dest, verify=True)
+    return artifact, version
+
+
+def write_picks(path: Path, picks: Mapping[str, RerankResult]) -> None:
+    """One JSON line per task, by task id: ``{"task_id", "candidate_id", "score"}`` of its pick."""
+    with open(path, "w", encoding="utf-8") as out:
+        for task_id, pick in sorted(picks.items()):
+            row = {"task_id": task_id, "candidate_id": pick.best_id, "score": pick.best_score}
+            out.write(json.dumps(row) + "\n")

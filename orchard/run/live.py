@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from orchard.bus import Bus, Consumer, Record, open_bus
+from orchard.bus import Bus, Consumer, Record, open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
 from orchard.episode_groups import is_eval_group
@@ -138,10 +138,11 @@ class BusMetrics:
         if self._outcomes is None:
             assert self._bus is not None  # noqa: S101 - opened by _refresh
             self._outcomes = self._bus.consumer([OUTCOMES])  # no group: reads everything, commits nothing
-        budget_end = time.monotonic() + READ_BUDGET_S
-        while time.monotonic() < budget_end and (records := self._outcomes.poll(max_records=1000, timeout_s=0.05)):
-            for record in records:
-                self._note_outcome(record)
+        records = read_until_quiet(
+            self._outcomes, max_records=1000, poll_timeout_s=0.05, idle_polls=1, budget_s=READ_BUDGET_S
+        )
+        for record in records:
+            self._note_outcome(record)
         if self._recent:
             self.metrics.mean_reward = sum(r for r, _ in self._recent) / len(self._recent)
             self.metrics.success_rate = sum(s for _, s in self._recent) / len(self._recent)

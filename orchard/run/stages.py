@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from consumers.start import STAGE_STARTED_ENV
-from orchard.bus import Bus, Consumer, Record, TopicPartition, open_bus
+from orchard.bus import Bus, Consumer, Record, TopicPartition, open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import BusConfig
 from orchard.logging import get_logger
@@ -207,9 +207,7 @@ class BusProbe:
         if reader is None:
             start = "earliest" if since_ms is None else since_ms
             reader = self._readers[(topic, since_ms)] = self._open().consumer([topic], group=None, start=start)
-        budget_end = time.monotonic() + READ_BUDGET_S
-        while time.monotonic() < budget_end and (records := reader.poll(max_records=100, timeout_s=0.05)):
-            yield from records
+        yield from read_until_quiet(reader, max_records=100, poll_timeout_s=0.05, idle_polls=1, budget_s=READ_BUDGET_S)
 
     def _open(self) -> Bus:
         if self._bus is None:

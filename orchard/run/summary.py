@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from orchard.bus import open_bus
+from orchard.bus import open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import OrchardConfig
 from orchard.logging import get_logger
@@ -28,13 +28,12 @@ def published_weights(config: OrchardConfig) -> dict[str, PublishedWeights]:
         with open_bus(config.bus) as bus:
             if POLICY_VERSIONS not in set(bus.list_topics()):
                 return weights
-            codec, idle = Codec.default(), 0
+            codec = Codec.default()
             with bus.consumer([POLICY_VERSIONS]) as consumer:
-                while idle < IDLE_POLLS_AT_END:
-                    batch = consumer.poll(max_records=1000, timeout_s=0.2)
-                    idle = 0 if batch else idle + 1
-                    for record in batch:
-                        note_weights(record, codec, config.run_id, weights)
+                for record in read_until_quiet(
+                    consumer, max_records=1000, poll_timeout_s=0.2, idle_polls=IDLE_POLLS_AT_END
+                ):
+                    note_weights(record, codec, config.run_id, weights)
     except Exception as exc:  # noqa: BLE001 - the summary must not hide the run's outcome behind a bus error
         log.warning("published weights unreadable", error=f"{type(exc).__name__}: {exc}")
     return weights

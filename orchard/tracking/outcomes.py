@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchard.bus import Consumer, Record, TopicPartition, open_bus
+from orchard.bus import Consumer, Record, TopicPartition, open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import BusConfig
 from orchard.episode_groups import EVAL_GROUP_PREFIX
@@ -93,13 +93,10 @@ class OutcomeReader:
         if self._consumer is None and not self._open():
             return []
         assert self._consumer is not None  # noqa: S101 - opened above
-        out = []
-        for _ in range(MAX_POLL_ROUNDS):
-            records = self._consumer.poll(max_records=1000, timeout_s=0.2)
-            out.extend(decoded for record in records if (decoded := self._take(record)) is not None)
-            if not records:
-                break
-        return out
+        records = read_until_quiet(
+            self._consumer, max_records=1000, poll_timeout_s=0.2, idle_polls=1, max_polls=MAX_POLL_ROUNDS
+        )
+        return [decoded for record in records if (decoded := self._take(record)) is not None]
 
     def close(self) -> None:
         """Release the consumer and the bus."""

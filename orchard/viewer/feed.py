@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from orchard.bus import Bus, BusError, Consumer, Record, TopicPartition
+from orchard.bus import Bus, BusError, Consumer, Record, TopicPartition, read_until_quiet
 from orchard.logging import get_logger
 
 log = get_logger("orchard.viewer.feed")
@@ -55,12 +55,7 @@ class BusFeed:
 
 
 def _until_end(consumer: Consumer, topic: str, ends: dict[int, int]) -> Iterator[Record]:
-    idle = 0
-    while not _reached(consumer.position(), topic, ends) and idle < IDLE_POLLS_AT_END:
-        batch = consumer.poll(max_records=POLL_RECORDS, timeout_s=POLL_TIMEOUT_S)
-        idle = 0 if batch else idle + 1
-        yield from batch
-
-
-def _reached(positions: dict[TopicPartition, int], topic: str, ends: dict[int, int]) -> bool:
-    return all(positions.get(TopicPartition(topic, p), -1) >= end for p, end in ends.items() if end > 0)
+    until = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0}
+    return read_until_quiet(
+        consumer, max_records=POLL_RECORDS, poll_timeout_s=POLL_TIMEOUT_S, idle_polls=IDLE_POLLS_AT_END, until=until
+    )

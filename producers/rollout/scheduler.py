@@ -19,13 +19,13 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.bus import Bus, Consumer, Record
+from orchard.bus import Bus, Consumer, Record, TopicPartition, read_until_quiet
 from orchard.codec import Codec
 from orchard.episode_requests import EpisodeRequest, SubmitFn
 from orchard.logging import get_logger
@@ -217,19 +217,13 @@ def run_rollout_scheduler(
 
 def _catch_up(bus: Bus, consumer: Consumer, scheduler: RolloutScheduler, codec: Codec) -> None:
     """Read until every partition's end offset, as of now, is passed (or the topic goes quiet for a while)."""
-    info = bus.describe_topic(scheduler.config.topic)
-    missing = {p: end for p, end in info.end_offsets.items() if end > info.start_offsets.get(p, 0)}
-    quiet = 0
-    while missing and quiet < 10:
-        records = consumer.poll(timeout_s=1.0)
-        quiet = 0 if records else quiet + 1
-        _feed(records, scheduler, codec)
-        for record in records:
-            if record.partition in missing and record.offset + 1 >= missing[record.partition]:
-                del missing[record.partition]
+    topic = scheduler.config.topic
+    info = bus.describe_topic(topic)
+    until = {TopicPartition(topic, p): end for p, end in info.end_offsets.items() if end > info.start_offsets.get(p, 0)}
+    _feed(read_until_quiet(consumer, max_records=500, poll_timeout_s=1.0, idle_polls=10, until=until), scheduler, codec)
 
 
-def _feed(records: list[Record], scheduler: RolloutScheduler, codec: Codec) -> None:
+def _feed(records: Iterable[Record], scheduler: RolloutScheduler, codec: Codec) -> None:
     for record in records:
         try:
             decoded = codec.decode(record.value)
