@@ -1,11 +1,12 @@
-"""Shared pytest fixtures: the one place that starts real services (Apache Kafka, an S3 store) for tests.
+"""Shared pytest fixtures: the one place that starts real services (Apache Kafka, an S3 store, a Kubernetes
+control plane) for tests.
 
-Services come from ``infra/local/services.py`` (loaded by path: ``infra/`` is not a package), or from the
-environment when ``ORCHARD_KAFKA_BOOTSTRAP`` / ``ORCHARD_S3_ENDPOINT`` are set. A service that cannot start
-fails the tests that need it; nothing is skipped.
+Services come from ``infra/local/services.py`` and ``infra/local/kubernetes/cluster.py`` (loaded by path:
+``infra/`` is not a package), or from the environment when ``ORCHARD_KAFKA_BOOTSTRAP`` / ``ORCHARD_S3_ENDPOINT`` /
+``KUBECONFIG`` are set. A service that cannot start fails the tests that need it; nothing is skipped.
 
-The session services ("test-kafka", "test-s3") are shared with other pytest processes in the same checkout:
-each process holds a lease file while it uses one, and the last holder stops what a fixture started
+The session services ("test-kafka", "test-s3", "test-kubernetes") are shared with other pytest processes in the
+same checkout: each process holds a lease file while it uses one, and the last holder stops what a fixture started
 (never a service someone started by hand).
 """
 
@@ -19,6 +20,7 @@ import re
 import secrets
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
@@ -27,6 +29,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVICES_PATH = REPO_ROOT / "infra" / "local" / "services.py"
+KUBERNETES_CLUSTER_PATH = REPO_ROOT / "infra" / "local" / "kubernetes" / "cluster.py"
+TEST_KUBERNETES_NAME = "test-kubernetes"
+TEST_KUBERNETES_PORT_BASE = 16540
 TEST_KAFKA_NAME = "test-kafka"
 TEST_S3_NAME = "test-s3"
 TEST_KAFKA_PORT_BASE = 19192  # preferred; moved to the next free block when taken
@@ -52,6 +57,19 @@ def load_services() -> ModuleType:
 
 
 services = load_services()
+
+
+def load_kubernetes_cluster() -> ModuleType:
+    """Load ``infra/local/kubernetes/cluster.py`` once per process as ``orchard_local_kubernetes``."""
+    name = "orchard_local_kubernetes"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, KUBERNETES_CLUSTER_PATH)
+    assert spec is not None and spec.loader is not None, KUBERNETES_CLUSTER_PATH
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _pid_alive(pid: int) -> bool:
@@ -135,6 +153,38 @@ def s3_service(request: pytest.FixtureRequest) -> S3Service:
         access_key=os.environ.get("ORCHARD_S3_ACCESS_KEY", services.S3_ACCESS_KEY),
         secret_key=os.environ.get("ORCHARD_S3_SECRET_KEY", services.S3_SECRET_KEY),
     )
+
+
+@dataclass(frozen=True)
+class KubernetesTarget:
+    """A cluster for the tests marked ``kubernetes``.
+
+    Attributes:
+        kubeconfig: its kubeconfig (admin rights on the local control plane).
+        local: True for the local control plane, whose kwok nodes run execs on this host (``node_exec_root``).
+        control_plane: the local cluster's handle (restart, requests), None for an external cluster.
+    """
+
+    kubeconfig: Path
+    local: bool
+    control_plane: Any = None
+
+
+@pytest.fixture(scope="session")
+def kubernetes_target() -> Iterator[KubernetesTarget]:
+    """``$KUBECONFIG``'s cluster when set, else the session's local control plane "test-kubernetes" (etcd,
+    kube-apiserver, scheduler, controller manager, kwok), built on first use and shared like Kafka."""
+    external = os.environ.get("KUBECONFIG")
+    if external:
+        yield KubernetesTarget(Path(external), local=False)
+        return
+    cluster = load_kubernetes_cluster()
+
+    def up() -> Any:
+        return cluster.kube_up(name=TEST_KUBERNETES_NAME, fresh=True, default_port_base=TEST_KUBERNETES_PORT_BASE)
+
+    with _shared_service(TEST_KUBERNETES_NAME, up, lambda: cluster.kube_down(TEST_KUBERNETES_NAME, purge=True)) as up_:
+        yield KubernetesTarget(up_.kubeconfig, local=True, control_plane=up_)
 
 
 class DedicatedKafka(Protocol):

@@ -211,7 +211,16 @@ def _episode_runtime(
     if runtime_config is None:
         raise ConfigError("--runtime kubernetes needs --runtime-config FILE (a KubernetesRuntimeConfig in YAML)")
     settings: RuntimeConfig = read_runtime_config(runtime_config, kind)
-    return open_runtime(settings, sandboxes=sandboxes)
+    runtime = open_runtime(settings, sandboxes=sandboxes)
+    from orchard.env.kubernetes_runtime import KubernetesRuntime, KubernetesRuntimeError
+
+    if isinstance(runtime, KubernetesRuntime):  # fail at start, naming what the credentials lack
+        try:
+            runtime.check_rights()
+        except KubernetesRuntimeError as exc:
+            runtime.close()
+            raise ConfigError(f"--runtime kubernetes: {exc}") from exc
+    return runtime
 
 
 class _Reaper:

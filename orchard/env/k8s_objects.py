@@ -142,6 +142,15 @@ class KubernetesRuntimeConfig(_Strict):
     workspace_dir: str = Field(
         "/workspace", pattern=r"^/[-A-Za-z0-9_./]*[-A-Za-z0-9_.]$", description="The working copy (an emptyDir)."
     )
+    node_exec_root: str | None = Field(
+        None,
+        pattern=r"^/[-A-Za-z0-9_./]*[-A-Za-z0-9_.]$",
+        description=(
+            "Only for clusters whose exec runs commands on the node's host, not in the container (kwok's local exec,"
+            " as in infra/local/kubernetes): each sandbox's working copy is <node_exec_root>/<sandbox_id>, made at"
+            " create and removed at delete. None (the default) on real kubelets: the working copy is workspace_dir."
+        ),
+    )
     container_command: tuple[str, ...] = Field(
         ("/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"),
         min_length=1,
@@ -362,6 +371,20 @@ def _container(spec: SandboxSpec, config: KubernetesRuntimeConfig, image: str) -
     )
 
 
+def host_exec_env(spec: SandboxSpec, workspace: str) -> dict[str, str]:
+    """What a command sees as the pod's environment on a host-exec node (``node_exec_root``): the spec's variables
+    (secret ones included: such a node is a test cluster's) and the proxy URL, with HOME in the working copy.
+
+    >>> spec = SandboxSpec(sandbox_id="s", run_id="r", episode_id="e", task_id="t", env={"K": "v"}, proxy_url="http://p")
+    >>> host_exec_env(spec, "/n/s")
+    {'HOME': '/n/s', 'OPENAI_BASE_URL': 'http://p', 'K': 'v'}
+    """
+    env = {"HOME": workspace}
+    if spec.proxy_url is not None:
+        env["OPENAI_BASE_URL"] = spec.proxy_url
+    return {**env, **spec.env}
+
+
 def _env(spec: SandboxSpec, config: KubernetesRuntimeConfig) -> list[client.V1EnvVar]:
     plain = {"HOME": HOME_DIR}
     if spec.proxy_url is not None:
@@ -498,5 +521,7 @@ def pod_start_state(pod: client.V1Pod) -> tuple[Literal["running", "starting", "
             return "running", "running"
         if state is not None and state.waiting is not None and state.waiting.reason in FATAL_WAITING_REASONS:
             return "failed", f"{state.waiting.reason}: {state.waiting.message or ''}".strip()
-    conditions = ", ".join(f"{c.type}={c.status} {c.reason or ''}".strip() for c in status.conditions or [])
+    conditions = ", ".join(
+        f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip() for c in status.conditions or []
+    )
     return "starting", f"phase {status.phase}; {conditions}"

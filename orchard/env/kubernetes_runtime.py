@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
 import tempfile
 import threading
@@ -67,6 +68,7 @@ from orchard.env.k8s_objects import (
     EpisodeObjects,
     KubernetesRuntimeConfig,
     exec_argv,
+    host_exec_env,
     list_script,
     parse_listing,
     pod_expires_at,
@@ -96,7 +98,31 @@ log = get_logger("env.kubernetes")
 
 StreamEvent = tuple[Literal["stdout", "stderr", "exit"], bytes | int | None]
 CHUNK = 64 * 1024
+# Go's ExitError text ends kwok's message; the command line, which may hold anything, comes before it.
+_EXIT_STATUS_MESSAGE = re.compile(r"\bexit status (\d+)\s*$")
 _OUTPUT_CHANNELS: tuple[tuple[int, Literal["stdout", "stderr"]], ...] = ((1, "stdout"), (2, "stderr"))
+
+
+REQUIRED_RIGHTS: tuple[tuple[str, str, str], ...] = (
+    ("", "pods", "create"),
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "patch"),
+    ("", "pods", "delete"),
+    ("", "pods/exec", "create"),
+    ("", "secrets", "create"),
+    ("", "secrets", "get"),
+    ("", "secrets", "list"),
+    ("", "secrets", "patch"),
+    ("", "secrets", "delete"),
+    ("networking.k8s.io", "networkpolicies", "create"),
+    ("networking.k8s.io", "networkpolicies", "get"),
+    ("networking.k8s.io", "networkpolicies", "list"),
+    ("networking.k8s.io", "networkpolicies", "patch"),
+    ("networking.k8s.io", "networkpolicies", "delete"),
+)
+"""(API group, resource[/subresource], verb) the runtime uses in its namespace: the Role of
+``infra/k8s/episode-runtime-rbac.yaml``, no more."""
 
 
 class KubernetesRuntimeError(SandboxError):
@@ -160,6 +186,10 @@ def exit_code_of(status: bytes) -> int:
     for cause in parsed.get("details", {}).get("causes", []):
         if cause.get("reason") == "ExitCode":
             return int(cause["message"])
+    # A kubelet that is not the reference one (kwok's, for one) reports a non-zero exit only in its message.
+    found = _EXIT_STATUS_MESSAGE.search(str(parsed.get("message", "")))
+    if found is not None:
+        return int(found.group(1))
     raise KubernetesRuntimeError(f"exec failed: {parsed.get('message', parsed)}")
 
 
@@ -179,7 +209,7 @@ class KubernetesSandbox(Sandbox):
         self.created_at = created_at
         self.expires_at = expires_at
         self._runtime = runtime
-        self._workspace = runtime.config.workspace_dir
+        self._workspace = runtime.workspace_of(spec.sandbox_id)
 
     def exec(
         self,
@@ -303,6 +333,9 @@ class KubernetesSandbox(Sandbox):
     ) -> Iterator[StreamEvent]:
         if isinstance(stdin, bytes):
             stdin, stdin_len = io.BytesIO(stdin), len(stdin)
+        if self._runtime.config.node_exec_root is not None:
+            # A host-exec node applies none of the pod's environment: every command carries it instead.
+            env = {**host_exec_env(self.spec, self._workspace), **(env or {})}
         argv = exec_argv(
             command,
             cwd=workspace_path(self._workspace, cwd),
@@ -370,6 +403,8 @@ class KubernetesRuntime(Runtime):
             self._adopt(objects, pod.metadata.uid)
             adopted = True
             self._wait_running(objects.pod.metadata.name)
+            if self.config.node_exec_root is not None:
+                self._node_command(spec.sandbox_id, ["mkdir", "-p", "-m", "0755", self.workspace_of(spec.sandbox_id)])
             sandbox = KubernetesSandbox(self, spec, created_at=now, expires_at=now + spec.ttl_s)
             if spec.source_dir is not None:
                 sandbox.upload_dir(spec.source_dir)
@@ -412,8 +447,45 @@ class KubernetesRuntime(Runtime):
         sandboxes = (self._sandbox_of(pod) for pod in self._managed("pod") if pod_is_live(pod))
         return [sandbox for sandbox in sandboxes if sandbox is not None]
 
+    def missing_rights(self) -> list[str]:
+        """The ``REQUIRED_RIGHTS`` the credentials lack in the namespace (asked with SelfSubjectAccessReviews, which
+        every authenticated identity may make), as ``verb resource`` strings; empty when all are granted."""
+        authorization = client.AuthorizationV1Api(self._core.api_client)
+        missing = []
+        for group, resource, verb in REQUIRED_RIGHTS:
+            name, _, subresource = resource.partition("/")
+            attributes = client.V1ResourceAttributes(
+                namespace=self.config.namespace, group=group, resource=name, subresource=subresource or None, verb=verb
+            )
+            review = client.V1SelfSubjectAccessReview(
+                spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes)
+            )
+            try:
+                answer = authorization.create_self_subject_access_review(review, **self._timeout())
+            except ApiException as exc:
+                raise KubernetesRuntimeError(f"cannot check the runtime's rights: {_describe(exc)}") from exc
+            if not answer.status.allowed:
+                missing.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
+        return missing
+
+    def check_rights(self) -> None:
+        """Raise ``KubernetesRuntimeError`` naming every right the credentials lack (see ``missing_rights``)."""
+        missing = self.missing_rights()
+        if missing:
+            raise KubernetesRuntimeError(
+                f"the Kubernetes credentials lack rights the runtime needs in namespace {self.config.namespace!r}: "
+                f"{', '.join(missing)} (infra/k8s/episode-runtime-rbac.yaml is the Role that grants them)"
+            )
+
+    def workspace_of(self, sandbox_id: str) -> str:
+        """The working copy's absolute path as the sandbox's execs see it (``node_exec_root`` in the config)."""
+        root = self.config.node_exec_root
+        return self.config.workspace_dir if root is None else f"{root}/{sandbox_id}"
+
     def delete(self, sandbox_id: str) -> None:
         """Delete the pod and the Secret (the policy follows the pod); no error if already gone."""
+        if self.config.node_exec_root is not None:
+            self._remove_node_workspace(sandbox_id)
         self._teardown(sandbox_id, ["secret", "policy", "pod"], policy_owned=True)
         with self._lock:
             self._created.discard(sandbox_id)
@@ -494,6 +566,20 @@ class KubernetesRuntime(Runtime):
             yield "exit", None if timed_out else code
         finally:
             ws.close()
+
+    def _node_command(self, sandbox_id: str, argv: list[str]) -> None:
+        """Run ``argv`` outside the exec wrapper (the working copy it changes to may not exist yet)."""
+        events = self.stream_exec(pod_name(sandbox_id, self.config), argv, None, self.config.file_op_timeout_s)
+        code = next((value for kind, value in events if kind == "exit"), None)
+        if code != 0:
+            raise KubernetesRuntimeError(f"{argv[0]} in the node's working copy of {sandbox_id} failed: exit {code}")
+
+    def _remove_node_workspace(self, sandbox_id: str) -> None:
+        """Best effort: the host directory of a host-exec node outlives its pod unless removed while it runs."""
+        try:
+            self._node_command(sandbox_id, ["rm", "-rf", "--", self.workspace_of(sandbox_id)])
+        except (KubernetesRuntimeError, ApiException, OSError) as exc:
+            log.debug("node working copy not removed", sandbox=sandbox_id, error=str(exc))
 
     def _exec_api(self) -> Any:
         if self._exec_configuration is None:

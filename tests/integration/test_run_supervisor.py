@@ -140,7 +140,7 @@ def test_a_typo_in_a_later_components_settings_is_refused_before_anything_starts
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "components:\n"
-        "  first: {kind: command, run: [python, -c, 'open(\"started\", \"w\")']}\n"
+        '  first: {kind: command, run: [python, -c, \'open("started", "w")\']}\n'
         "  trainer: {kind: policy-trainer, set: [learning_rate=1e-3, 'run_dir={run_dir}/t']}\n"
         "  builder: {kind: consumer, name: sample-builder,\n"
         "            env: {ORCHARD_CONSUMERS__SAMPLE_BUILDER__KINDS: '[\"PPO\"]'}}\n"

@@ -600,6 +600,24 @@ def test_exec_request_shape_and_status_channel() -> None:
     assert streams[0].closed
 
 
+def test_a_host_exec_node_gets_a_working_copy_per_sandbox_and_the_pods_environment_with_every_command() -> None:
+    commands: list[list[str]] = []
+
+    def stream(*args: Any, **kwargs: Any) -> ScriptedStream:
+        commands.append(kwargs["command"])
+        return ScriptedStream(b"", {"status": "Success"})
+
+    runtime, _ = fake_runtime(node_exec_root="/srv/nodes")
+    runtime._stream = stream
+    spec = make_spec(env={"OPENAI_API_KEY": "tok"}, proxy_url="http://proxy:8000/v1")
+    sandbox = KubernetesSandbox(runtime, spec)
+    sandbox.exec("true", cwd="src", env={"A": "1"})
+    workspace = f"/srv/nodes/{spec.sandbox_id}"
+    assert (runtime.workspace_of(spec.sandbox_id), sandbox.info().workdir) == (workspace, workspace)
+    env = {"HOME": workspace, "OPENAI_BASE_URL": "http://proxy:8000/v1", "OPENAI_API_KEY": "tok", "A": "1"}
+    assert commands == [exec_argv("true", cwd=f"{workspace}/src", timeout_s=60, env=env, stdin_len=None)]
+
+
 @pytest.mark.parametrize(
     ("status", "code"),
     [
@@ -607,6 +625,11 @@ def test_exec_request_shape_and_status_channel() -> None:
         (
             b'{"status":"Failure","reason":"NonZeroExitCode","details":{"causes":[{"reason":"ExitCode","message":"137"}]}}',
             137,
+        ),
+        (  # kwok's kubelet server: a generic failure whose message ends with Go's ExitError text
+            b'{"status":"Failure","message":"Internal error occurred: error executing command in container: cmd wait:'
+            b' sh -c echo exit status 9; exit 3: exit status 3","reason":"InternalError","code":500}',
+            3,
         ),
     ],
 )
