@@ -26,6 +26,7 @@ for what the cluster refused or failed.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -36,8 +37,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Any, Literal, Protocol, TypeVar
 
+import urllib3
+import websocket
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -191,6 +194,29 @@ def exit_code_of(status: bytes) -> int:
     if found is not None:
         return int(found.group(1))
     raise KubernetesRuntimeError(f"exec failed: {parsed.get('message', parsed)}")
+
+
+_TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, websocket.WebSocketException, OSError)
+"""What the client raises when the API server cannot be reached (refused, reset, timed out), as opposed to an
+``ApiException`` with the server's answer."""
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _unreachable_is_a_runtime_error(method: _Method) -> _Method:
+    """Turn the client's transport errors into ``KubernetesRuntimeError`` naming the call (a sandbox error of the
+    runtime's own, which callers already handle), leaving the runtime's own errors as they are."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except SandboxError:
+            raise
+        except _TRANSPORT_ERRORS as exc:
+            raise KubernetesRuntimeError(f"{method.__name__}: the API server could not be reached: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
 
 
 class KubernetesSandbox(Sandbox):
@@ -427,6 +453,7 @@ class KubernetesRuntime(Runtime):
         )
         return sandbox
 
+    @_unreachable_is_a_runtime_error
     def get(self, sandbox_id: str) -> KubernetesSandbox:
         """The sandbox of a live pod (``KeyError`` when missing, finished or being deleted)."""
         try:
@@ -442,11 +469,13 @@ class KubernetesRuntime(Runtime):
             raise SandboxNotFoundError(sandbox_id)
         return sandbox
 
+    @_unreachable_is_a_runtime_error
     def list(self) -> list[Sandbox]:
         """Sandboxes of live pods (their ``spec.env`` is empty: env is not stored on the cluster in clear)."""
         sandboxes = (self._sandbox_of(pod) for pod in self._managed("pod") if pod_is_live(pod))
         return [sandbox for sandbox in sandboxes if sandbox is not None]
 
+    @_unreachable_is_a_runtime_error
     def missing_rights(self) -> list[str]:
         """The ``REQUIRED_RIGHTS`` the credentials lack in the namespace (asked with SelfSubjectAccessReviews, which
         every authenticated identity may make), as ``verb resource`` strings; empty when all are granted."""
@@ -482,6 +511,7 @@ class KubernetesRuntime(Runtime):
         root = self.config.node_exec_root
         return self.config.workspace_dir if root is None else f"{root}/{sandbox_id}"
 
+    @_unreachable_is_a_runtime_error
     def delete(self, sandbox_id: str) -> None:
         """Delete the pod and the Secret (the policy follows the pod); no error if already gone."""
         if self.config.node_exec_root is not None:
@@ -498,6 +528,7 @@ class KubernetesRuntime(Runtime):
         for sandbox_id in mine:
             self.delete(sandbox_id)
 
+    @_unreachable_is_a_runtime_error
     def reap_expired(self) -> list[str]:
         """Delete pods past their expiry (and finished ones with ``delete_finished_pods``); sweep orphans."""
         now = self._clock()
@@ -516,6 +547,7 @@ class KubernetesRuntime(Runtime):
             log.info("sandboxes reaped", sandboxes=reaped)
         return reaped
 
+    @_unreachable_is_a_runtime_error
     def extend(self, sandbox_id: str, ttl_s: float) -> float:
         """Set the pod's expiry ``ttl_s`` from now and return it (its ``activeDeadlineSeconds`` cannot grow)."""
         expires_at = self._clock() + ttl_s
@@ -551,6 +583,8 @@ class KubernetesRuntime(Runtime):
             )
         except ApiException as exc:
             raise KubernetesRuntimeError(f"exec in {pod} failed: {_describe(exc)}") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise KubernetesRuntimeError(f"exec in {pod} failed: the API server could not be reached: {exc}") from exc
         try:
             if stdin is not None:
                 _feed(ws, stdin)
@@ -564,6 +598,8 @@ class KubernetesRuntime(Runtime):
             code = exit_code_of(ws.read_channel(3))
             timed_out = code in (124, 137) and time.monotonic() - started >= timeout_s
             yield "exit", None if timed_out else code
+        except _TRANSPORT_ERRORS as exc:
+            raise KubernetesRuntimeError(f"exec in {pod} lost its connection: {exc}") from exc
         finally:
             ws.close()
 

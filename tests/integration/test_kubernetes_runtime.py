@@ -38,6 +38,7 @@ from orchard.sandbox import Limits, SandboxSpec
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(900)]
 
 PROXY_URL = "http://orchard-proxy:8000/v1"
+UNPULLABLE_IMAGE = "orchard.invalid/unpullable:latest"  # infra/local/kubernetes/cluster.py's kwok stage fails it
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +248,43 @@ def test_a_pod_deleted_under_the_runtime_is_gone_for_it(
     with pytest.raises(KubernetesRuntimeError):
         sandbox.exec("true")
     runtime.delete(sandbox.spec.sandbox_id)  # idempotent: nothing left to delete is no error
+
+
+def test_an_image_that_cannot_be_pulled_fails_create_at_once_and_leaves_nothing(
+    runtime: KubernetesRuntime, api: client.ApiClient
+) -> None:
+    """kwok reports ErrImagePull for this image (a stage of the local control plane); a real registry refuses it."""
+    core, ns = client.CoreV1Api(api), runtime.config.namespace
+    spec = episode_spec(image=UNPULLABLE_IMAGE)
+    started = time.monotonic()
+    with pytest.raises(KubernetesStartError, match="ErrImagePull"):
+        runtime.create(spec)
+    assert time.monotonic() - started < runtime.config.start_timeout_s / 2
+    assert not _exists(core.read_namespaced_secret, secret_name(spec.sandbox_id, runtime.config), ns)
+    _wait_for(lambda: not _exists(core.read_namespaced_pod, pod_name(spec.sandbox_id, runtime.config), ns), 60, "pod")
+
+
+def test_a_sandbox_rides_out_an_api_server_restart(
+    runtime: KubernetesRuntime, sandbox: KubernetesSandbox, kubernetes_target: Any
+) -> None:
+    """While the API server is down an operation fails with the runtime's own error (no hang, no stray exception
+    type); once it is back the same sandbox object works on, its files intact."""
+    if not kubernetes_target.local:
+        pytest.skip("restarts the API server: only on the local control plane")
+    sandbox.write_file("state.txt", b"before\n")
+    control_plane = kubernetes_target.control_plane
+    control_plane.stop_component("kube-apiserver", timeout_s=5)  # a crash, not a graceful drain
+    try:
+        with pytest.raises(KubernetesRuntimeError):
+            sandbox.exec("true", timeout_s=5)
+        with pytest.raises(KubernetesRuntimeError):
+            sandbox.heartbeat()
+    finally:
+        control_plane.restart("kube-apiserver")
+    assert sandbox.read_file("state.txt") == b"before\n"
+    assert sandbox.exec("echo after").stdout == "after\n"
+    sandbox.heartbeat()
+    assert runtime.get(sandbox.spec.sandbox_id).spec.sandbox_id == sandbox.spec.sandbox_id
 
 
 def test_the_pod_runs_unprivileged_read_only_and_isolated_by_its_policy(

@@ -11,9 +11,11 @@ KWOK_VERSION=v0.7.0
 cache_home="${XDG_CACHE_HOME:-$HOME/.cache}"
 bin_dir="$cache_home/orchard/kubernetes-${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}/bin"
 if [ "${1:-}" = "--print-dir" ]; then echo "$bin_dir"; exit 0; fi
+stages_dir="$bin_dir/../kwok-stages"   # kwok's own fast pod stages, beside which cluster.py adds its test stages
 binaries=(kube-apiserver kube-scheduler kube-controller-manager etcd kwok)
 missing=()
 for name in "${binaries[@]}"; do [ -x "$bin_dir/$name" ] || missing+=("$name"); done
+[ -f "$stages_dir/pod-ready.yaml" ] || missing+=(kwok-stages)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if ! command -v go >/dev/null 2>&1; then
   echo "kubernetes build: installing Go (golang-go)" >&2
@@ -47,5 +49,12 @@ for name in kube-apiserver kube-scheduler kube-controller-manager; do
     mv "$stage/$name" "$bin_dir/$name"
   fi
 done
+if [ ! -f "$stages_dir/pod-ready.yaml" ]; then
+  kwok_src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION"
+  [ -d "$kwok_src" ] || (cd "$here/etcd" && go mod download "sigs.k8s.io/kwok@$KWOK_VERSION")
+  mkdir -p "$stages_dir.tmp"
+  cp "$kwok_src"/kustomize/stage/pod/fast/pod-{ready,complete,delete}.yaml "$stages_dir.tmp/"
+  mv "$stages_dir.tmp" "$stages_dir"
+fi
 rmdir "$stage" 2>/dev/null || true
 note "done: $bin_dir"

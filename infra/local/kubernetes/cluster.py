@@ -151,6 +151,46 @@ def kubeconfig_text(server: str, pki: Path) -> str:
 # ---------------------------------------------------------------------------------------------------- kwok
 
 
+UNPULLABLE_IMAGE = "orchard.invalid/unpullable:latest"
+"""Pods of this image never start: kwok reports ``ErrImagePull`` for them, as a kubelet does for a missing image."""
+
+IMAGE_PULL_ERROR_STAGE = f"""\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: orchard-image-pull-error
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.podIP'
+      operator: 'DoesNotExist'
+    - key: '.spec.containers.[0].image'
+      operator: 'In'
+      values: ['{UNPULLABLE_IMAGE}']
+  weight: 1  # kwok's pod-ready has none (0): of the two, this stage is always chosen for such pods
+  next:
+    statusTemplate: |
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        restartCount: 0
+        state:
+          waiting:
+            reason: ErrImagePull
+            message: 'pull access denied for {UNPULLABLE_IMAGE}: repository does not exist'
+      {{{{ end }}}}
+      hostIP: {{{{ NodeIPWith .spec.nodeName | Quote }}}}
+      podIP: 10.0.0.2
+      phase: Pending
+"""
+
 KWOK_CONFIG = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -166,6 +206,17 @@ spec:
   - local:
       workDir: /
 """
+
+
+def kwok_config(binaries: Path) -> str:
+    """kwok's configuration: local exec, kwok's own fast pod stages (from the build) and the image-pull-error stage.
+
+    Naming any pod stage replaces kwok's built-in ones, so the fast stages the build copied from kwok's module are
+    listed with it."""
+    stages = sorted((binaries.parent / "kwok-stages").glob("pod-*.yaml"))
+    if not stages:
+        raise ServiceError(f"kwok's pod stages are missing beside {binaries}: run {BUILD_SCRIPT}")
+    return "\n---\n".join([KWOK_CONFIG, *(path.read_text() for path in stages), IMAGE_PULL_ERROR_STAGE])
 
 
 def node_object(name: str) -> dict[str, Any]:
@@ -247,10 +298,19 @@ class KubernetesCluster:
         self._wait("kwok", self._nodes_ready, deadline)
         self._wait("kube-controller-manager", self._default_service_account, deadline)
 
+    def stop_component(self, component: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop one component (SIGTERM, then SIGKILL), e.g. the API server for a fault test."""
+        services._terminate([(self._pid_file(component), self._marker(component))], timeout_s)
+
+    def restart(self, component: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Stop one component, start it again and wait until the cluster is ready."""
+        self.stop_component(component)
+        self.start(binaries_dir(build=False), timeout_s=timeout_s)
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Stop every component (SIGTERM, then SIGKILL); data is kept."""
         for component in reversed(COMPONENTS):
-            services._terminate([(self._pid_file(component), self._marker(component))], timeout_s)
+            self.stop_component(component, timeout_s)
 
     # ---- requests
 
@@ -390,7 +450,7 @@ def kube_up(
         if not (cluster.pki / "ca.crt").exists():
             make_pki(cluster.pki)
         cluster.kubeconfig.write_text(kubeconfig_text(cluster.server, cluster.pki))
-        Path(f"{cluster._marker('kwok')}.yaml").write_text(KWOK_CONFIG)
+        Path(f"{cluster._marker('kwok')}.yaml").write_text(kwok_config(binaries))
         try:
             cluster.start(binaries, timeout_s=timeout_s)
         except ServiceError:
