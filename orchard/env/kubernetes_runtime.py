@@ -84,7 +84,7 @@ from orchard.env.k8s_objects import (
 )
 from orchard.env.workspace import GIT_IDENTITY
 from orchard.logging import get_logger
-from orchard.sandbox import ExecResult, FileEntry, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
 
 __all__ = [
     "KubernetesRuntime",
@@ -219,6 +219,73 @@ def _unreachable_is_a_runtime_error(method: _Method) -> _Method:
     return wrapper  # type: ignore[return-value]
 
 
+PTY_SCRIPT = (
+    'cd "$1" || exit 126; m=$2; shift 2; while [ "$m" -gt 0 ]; do export "$1"; shift; m=$((m - 1)); done; exec "$@"'
+)
+"""Parameters: working directory, env count, ``K=V`` pairs, then the command. No ``timeout`` around it: an
+interactive program must own the terminal (the sandbox's TTL bounds it)."""
+
+
+class KubernetesPtySession(PtySession):
+    """A process on a terminal in the pod: an exec with ``tty`` over the API server's WebSocket (stdout carries the
+    terminal's output, channel 4 its size)."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+        self._exit: int | None = None
+        self._status = b""
+
+    def read(self, max_bytes: int = 65536, timeout_s: float = 1.0) -> bytes | None:
+        """Terminal output; ``None`` when nothing came within ``timeout_s``; ``b""`` once the terminal closed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            data = self._ws.read_channel(1)
+            if data:
+                return data if isinstance(data, bytes) else data.encode()
+            if not self._ws.is_open():
+                self._collect_status()
+                return b""
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            wait = min(remaining, 0.2)
+            self._transport(lambda: self._ws.update(timeout=wait))  # noqa: B023 - called at once
+
+    def write(self, data: bytes) -> None:
+        """Keystrokes to the process."""
+        self._transport(lambda: self._ws.write_stdin(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Tell the terminal its new size."""
+        self._transport(lambda: self._ws.write_channel(4, json.dumps({"Width": cols, "Height": rows})))
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """The exit status once the stream closed (output read meanwhile is kept for ``read``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._ws.is_open():
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            self._transport(lambda: self._ws.update(timeout=0.2))
+        return self._collect_status()
+
+    def close(self) -> None:
+        """Close the stream: the terminal hangs up, which ends the process."""
+        self._ws.close()
+
+    def _collect_status(self) -> int | None:
+        self._status += self._ws.read_channel(3) or b""
+        if self._exit is None and self._status:
+            self._exit = exit_code_of(self._status)
+        return self._exit
+
+    @staticmethod
+    def _transport(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except _TRANSPORT_ERRORS as exc:
+            raise KubernetesRuntimeError(f"the terminal's connection was lost: {exc}") from exc
+
+
 class KubernetesSandbox(Sandbox):
     """One episode pod; every operation is an exec in its container (see the module docstring)."""
 
@@ -262,6 +329,21 @@ class KubernetesSandbox(Sandbox):
     ) -> Iterator[StreamEvent]:
         """Run a command, yielding output chunks as they arrive and finally ``("exit", code or None)``."""
         return self._events(command, timeout_s, cwd, None, None)
+
+    def open_pty(self, command: Sequence[str] | str | None = None, *, cols: int = 80, rows: int = 24) -> PtySession:
+        """Start ``command`` (default ``/bin/sh``) on a terminal in the pod, in the working copy."""
+        argv = (
+            ["/bin/sh"]
+            if command is None
+            else (["/bin/sh", "-c", command] if isinstance(command, str) else list(command))
+        )
+        env = host_exec_env(self.spec, self._workspace) if self._runtime.config.node_exec_root is not None else {}
+        env["TERM"] = "xterm-256color"
+        pairs = [f"{key}={value}" for key, value in env.items()]
+        full = ["/bin/sh", "-c", PTY_SCRIPT, "orchard-pty", self._workspace, str(len(pairs)), *pairs, *argv]
+        session = KubernetesPtySession(self._runtime.open_stream(self.pod_name, full, tty=True))
+        session.resize(cols, rows)
+        return session
 
     def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Create or replace a file (parents created) through ``cat`` with the content on stdin."""
@@ -567,24 +649,7 @@ class KubernetesRuntime(Runtime):
         """Run ``argv`` in the pod: stdout/stderr chunks, then ``("exit", code)``, ``None`` when it timed out."""
         started = time.monotonic()
         give_up = started + timeout_s + KILL_AFTER_S + self.config.exec_grace_s
-        try:
-            ws = self._stream(
-                self._exec_api().connect_get_namespaced_pod_exec,
-                pod,
-                self.config.namespace,
-                command=argv,
-                container=CONTAINER_NAME,
-                stdin=stdin is not None,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                _preload_content=False,
-                binary=True,
-            )
-        except ApiException as exc:
-            raise KubernetesRuntimeError(f"exec in {pod} failed: {_describe(exc)}") from exc
-        except _TRANSPORT_ERRORS as exc:
-            raise KubernetesRuntimeError(f"exec in {pod} failed: the API server could not be reached: {exc}") from exc
+        ws = self.open_stream(pod, argv, stdin=stdin is not None)
         try:
             if stdin is not None:
                 _feed(ws, stdin)
@@ -616,6 +681,27 @@ class KubernetesRuntime(Runtime):
             self._node_command(sandbox_id, ["rm", "-rf", "--", self.workspace_of(sandbox_id)])
         except (KubernetesRuntimeError, ApiException, OSError) as exc:
             log.debug("node working copy not removed", sandbox=sandbox_id, error=str(exc))
+
+    def open_stream(self, pod: str, argv: list[str], *, stdin: bool = True, tty: bool = False) -> Any:
+        """An exec WebSocket to ``argv`` in the pod (binary; with ``tty`` a terminal, stderr merged into stdout)."""
+        try:
+            return self._stream(
+                self._exec_api().connect_get_namespaced_pod_exec,
+                pod,
+                self.config.namespace,
+                command=argv,
+                container=CONTAINER_NAME,
+                stdin=stdin,
+                stdout=True,
+                stderr=not tty,
+                tty=tty,
+                _preload_content=False,
+                binary=True,
+            )
+        except ApiException as exc:
+            raise KubernetesRuntimeError(f"exec in {pod} failed: {_describe(exc)}") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise KubernetesRuntimeError(f"exec in {pod} failed: the API server could not be reached: {exc}") from exc
 
     def _exec_api(self) -> Any:
         if self._exec_configuration is None:

@@ -170,6 +170,22 @@ def test_create_uploads_the_task_directory_without_its_history(runtime: Kubernet
     assert (log.exit_code, log.stdout) == (0, "task\n")
 
 
+def test_a_terminal_in_the_pod_runs_an_interactive_shell(sandbox: KubernetesSandbox) -> None:
+    terminal = sandbox.open_pty(cols=100, rows=30)
+    try:
+        terminal.write(b"echo pty-$((6 * 7)); stty size; exit 5\n")
+        output = b""
+        deadline = time.monotonic() + 30
+        while b"pty-42" not in output or b"30 100" not in output:
+            chunk = terminal.read(timeout_s=1)
+            assert chunk != b"", output
+            output += chunk or b""
+            assert time.monotonic() < deadline, output
+        assert terminal.wait(timeout_s=30) == 5
+    finally:
+        terminal.close()
+
+
 def test_heartbeat_get_list_and_delete_with_garbage_collection(
     runtime: KubernetesRuntime, sandbox: KubernetesSandbox, api: client.ApiClient
 ) -> None:
