@@ -97,6 +97,8 @@ class SchedulerStats:
     steps: int = 0
     tokens: int = 0
     prefills: int = 0
+    prefilled_tokens: int = 0  # prompt tokens run through the model
+    reused_tokens: int = 0  # prompt tokens served from the prefix cache instead
     max_batch: int = 0
     batch_sizes: Counter[int] = field(default_factory=Counter)
     first_token_time: dict[int, float] = field(default_factory=dict)
@@ -193,8 +195,10 @@ class BatchScheduler:
         pad_token_id: int,
         max_batch_size: int,
         max_queue: int,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.eos_token_ids = frozenset(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -299,9 +303,13 @@ class BatchScheduler:
         for cohort in self._cohorts:
             if cohort.serving is serving:
                 return cohort
-        cohort = _Cohort(serving, KVBatch(serving.model, self.pad_token_id))
+        cohort = _Cohort(serving, self._new_batch(serving))
         self._cohorts.append(cohort)
         return cohort
+
+    def _new_batch(self, serving: ServingModel) -> KVBatch:
+        """A KV batch on ``serving``'s weights, with a prefix cache of its own (keys of other weights never mix)."""
+        return KVBatch(serving.model, self.pad_token_id, prefix_cache_tokens=self.prefix_cache_tokens)
 
     def _step_guarded(self, cohort: _Cohort) -> None:
         try:
@@ -311,7 +319,7 @@ class BatchScheduler:
             for seq in cohort.running + cohort.joining:
                 seq.handle.emit(ErrorEvent(f"generation failed: {exc}"))
             cohort.running, cohort.joining = [], []
-            cohort.batch = KVBatch(cohort.serving.model, self.pad_token_id)
+            cohort.batch = self._new_batch(cohort.serving)
 
     def _step(self, cohort: _Cohort) -> None:
         self._retire(cohort, [s for s in cohort.running if s.handle.cancelled])
@@ -322,9 +330,12 @@ class BatchScheduler:
             logits.append(cohort.batch.decode([s.token_ids[-1] for s in cohort.running]))
             rows += cohort.running
         if cohort.joining:
+            before = cohort.batch.prefilled_tokens, cohort.batch.reused_tokens
             logits.append(cohort.batch.prefill([s.handle.prompt_ids for s in cohort.joining]))
             rows += cohort.joining
             self.stats.prefills += 1
+            self.stats.prefilled_tokens += cohort.batch.prefilled_tokens - before[0]
+            self.stats.reused_tokens += cohort.batch.reused_tokens - before[1]
             cohort.running, cohort.joining = cohort.running + cohort.joining, []
         if not rows:
             return
@@ -358,6 +369,9 @@ class BatchScheduler:
     def _retire(self, cohort: _Cohort, leaving: list[_Sequence]) -> None:
         if leaving:
             gone = set(map(id, leaving))
+            for row, seq in enumerate(cohort.running):
+                if id(seq) in gone and seq.finish_reason is not None:  # fed: the prompt and all but the last token
+                    cohort.batch.remember(row, seq.handle.prompt_ids + seq.token_ids[:-1])
             keep = [row for row, s in enumerate(cohort.running) if id(s) not in gone]
             cohort.batch.keep(keep)
             cohort.running = [cohort.running[row] for row in keep]

@@ -24,15 +24,18 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-KV = tuple[torch.Tensor, torch.Tensor]
+from orchard.engines.prefix_cache import KV, PrefixCache, PrefixHit
 
 
 class KVBatch:
     """Running sequences of one model: their KV cache, attention mask and next positions."""
 
-    def __init__(self, model: PreTrainedModel, pad_token_id: int) -> None:
+    def __init__(self, model: PreTrainedModel, pad_token_id: int, prefix_cache_tokens: int = 0) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefilled_tokens = 0  # prompt tokens run through the model
+        self.reused_tokens = 0  # prompt tokens whose keys and values came from the prefix cache
         parameters = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.x
         self._last_only = {k: 1 for k in ("logits_to_keep", "num_logits_to_keep") if k in parameters}
@@ -53,7 +56,13 @@ class KVBatch:
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Append ``prompts`` as new rows (after the existing ones); return their next-token logits (k, V)."""
+        """Append ``prompts`` as new rows (after the existing ones); return their next-token logits (k, V).
+
+        A prompt that shares a prefix with a remembered sequence (``remember``) runs only from where it differs."""
+        hits = [self.prefix_cache.lookup(prompt) for prompt in prompts]
+        if any(hit is not None for hit in hits):
+            return self._prefill_after(prompts, hits)
+        self.prefilled_tokens += sum(len(p) for p in prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -75,6 +84,55 @@ class KVBatch:
         self._mask = torch.cat([self._mask, ones], dim=1)
         out = self._forward(ids, self._mask, self._positions.unsqueeze(1), self._cache)
         self._positions = self._positions + 1
+        return out.logits[:, -1, :].float()
+
+    @torch.inference_mode()
+    def remember(self, row: int, fed_tokens: list[int]) -> None:
+        """Offer row ``row``'s keys and values, the ones of ``fed_tokens`` (its prompt and the answer tokens fed
+        back), to the prefix cache; call it before ``keep`` drops the row."""
+        if self.prefix_cache.max_tokens <= 0 or self._cache is None:
+            return
+        columns = torch.nonzero(self._mask[row]).squeeze(1)
+        if len(columns) != len(fed_tokens):  # not what this row holds: keep nothing rather than something wrong
+            return
+        layers = [
+            (k[row : row + 1, :, columns].clone(), v[row : row + 1, :, columns].clone())
+            for k, v in _kv_layers(self._cache)
+        ]
+        self.prefix_cache.remember(fed_tokens, layers)
+
+    def _prefill_after(self, prompts: list[list[int]], hits: list[PrefixHit | None]) -> torch.Tensor:
+        """Prefill each prompt from the end of its cached prefix: the prefixes' keys and values, right-aligned and
+        left-padded to a common width, form the starting cache; the remainders, left-padded, run in one pass with
+        their real positions. The padding between a short remainder and its prefix is masked like any other."""
+        lengths = [hit.length if hit is not None else 0 for hit in hits]
+        width = max(lengths)
+        sample = next(hit for hit in hits if hit is not None).layers
+        layers: list[KV] = []
+        for index, (shape_of, _) in enumerate(sample):
+            empty = shape_of.new_zeros((1, shape_of.shape[1], 0, shape_of.shape[3]))
+            padded = [_left_pad_kv(*(hit.layers[index] if hit is not None else (empty, empty)), width) for hit in hits]
+            layers.append((torch.cat([k for k, _ in padded]), torch.cat([v for _, v in padded])))
+        rests = [prompt[length:] for prompt, length in zip(prompts, lengths, strict=True)]
+        rest_width = max(len(rest) for rest in rests)
+        ids = torch.full((len(prompts), rest_width), self.pad_token_id, dtype=torch.long)
+        prefix_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        rest_mask = torch.zeros((len(prompts), rest_width), dtype=torch.long)
+        for row, (rest, length) in enumerate(zip(rests, lengths, strict=True)):
+            ids[row, rest_width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            rest_mask[row, rest_width - len(rest) :] = 1
+            prefix_mask[row, width - length :] = 1
+        done = torch.tensor(lengths, dtype=torch.long).unsqueeze(1)
+        positions = (done + rest_mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([prefix_mask, rest_mask], dim=1)
+        ids, mask, positions = ids.to(self._device), mask.to(self._device), positions.to(self._device)
+        cache = _new_cache(self.model)
+        for index, (keys, values) in enumerate(layers):
+            cache.update(keys.to(self._device), values.to(self._device), index)
+        out = self._forward(ids, mask, positions, cache, **self._last_only)
+        self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=self._device))
+        self.prefilled_tokens += sum(len(rest) for rest in rests)
+        self.reused_tokens += sum(lengths)
         return out.logits[:, -1, :].float()
 
     @torch.inference_mode()

@@ -147,6 +147,8 @@ def create_engine_app(engine: LocalEngine, *, reloader: PolicyReloader | None = 
             "waiting": scheduler.waiting,
             "steps": scheduler.stats.steps,
             "max_batch": scheduler.stats.max_batch,
+            "prefilled_tokens": scheduler.stats.prefilled_tokens,
+            "reused_tokens": scheduler.stats.reused_tokens,  # prompt tokens the prefix cache spared
         }
         if reloader is not None:
             events = [

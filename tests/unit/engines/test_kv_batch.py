@@ -69,3 +69,57 @@ def test_emptied_batch_starts_afresh(model: PreTrainedModel) -> None:
     with torch.inference_mode():
         direct = model(torch.tensor([[4, 5]])).logits[0, -1].float()
     torch.testing.assert_close(again[0], direct, atol=1e-5, rtol=1e-5)
+
+
+def _run(batch: KVBatch, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Prefill ``prompt`` alone, then greedy-decode ``steps`` tokens; its tokens and the logits of each."""
+    logits = [batch.prefill([prompt])[0]]
+    tokens = [int(logits[-1].argmax())]
+    for _ in range(steps):
+        logits.append(batch.decode([tokens[-1]])[0])
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, logits
+
+
+def test_a_prompt_sharing_a_remembered_prefix_prefills_only_its_rest_and_computes_what_a_fresh_forward_does(
+    model: PreTrainedModel,
+) -> None:
+    batch = KVBatch(model, pad_token_id=0, prefix_cache_tokens=10_000)
+    system = list(range(20, 60))  # the shared opening of every prompt
+    first = system + [5, 6, 7]
+    tokens, _ = _run(batch, first, steps=4)
+    batch.remember(0, first + tokens[:-1])  # what the row was fed: its prompt and all but the last answer token
+    batch.keep([])
+    assert (len(batch.prefix_cache), batch.prefix_cache.tokens_held) == (1, len(first) + 4)
+
+    follow_up = first + tokens[:-1] + [9, 10, 11]  # the next call of the episode: the turn so far, then a tool result
+    other = system + [12, 13]  # another episode's first call: only the system prompt is shared
+    prefilled, reused = batch.prefilled_tokens, batch.reused_tokens
+    logits = batch.prefill([follow_up, other, [3, 4]])  # a prompt with nothing to reuse joins the same pass
+    assert batch.reused_tokens - reused == len(first) + 4 + len(system)
+    assert batch.prefilled_tokens - prefilled == 3 + 2 + 2
+    decoded = batch.decode(logits.argmax(-1).tolist())
+    with torch.inference_mode():
+        for row, prompt in enumerate([follow_up, other, [3, 4]]):
+            ids = prompt + [int(logits[row].argmax())]
+            direct = model(torch.tensor([ids])).logits[0, -2:].float()
+            torch.testing.assert_close(torch.stack([logits[row], decoded[row]]), direct, atol=1e-4, rtol=1e-4)
+
+
+def test_the_prefix_cache_keeps_its_token_budget_and_a_longer_sequence_replaces_its_prefix() -> None:
+    from orchard.engines.prefix_cache import PrefixCache
+
+    def layers(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]
+
+    cache = PrefixCache(max_tokens=100, min_reuse=4)
+    cache.remember(list(range(40)), layers(40))
+    cache.remember(list(range(50)), layers(50))  # extends the first: it takes its place
+    assert (len(cache), cache.tokens_held) == (1, 50)
+    cache.remember(list(range(100, 160)), layers(60))  # over budget together: the least recently used goes
+    assert (len(cache), cache.tokens_held) == (1, 60)
+    hit = cache.lookup(list(range(100, 130)) + [7])
+    assert hit is not None and hit.length == 30 and hit.layers[0][0].shape == (1, 2, 30, 4)
+    assert cache.lookup(list(range(100, 103)) + [1, 2]) is None  # shorter than min_reuse: prefilled again
+    full = cache.lookup(list(range(100, 160)))  # the whole prompt remembered: its last token still runs
+    assert full is not None and full.length == 59
