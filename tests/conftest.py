@@ -43,17 +43,21 @@ KafkaService = Any  # services.KafkaService: a class of a module loaded by path,
 S3Service = Any  # services.S3Service
 
 
-def load_services() -> ModuleType:
-    """Load ``infra/local/services.py`` once per process as module ``orchard_local_services``."""
-    name = "orchard_local_services"
+def load_by_path(name: str, path: Path) -> ModuleType:
+    """Load the script at ``path`` once per process as module ``name`` (``infra/`` is not a package)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SERVICES_PATH)
-    assert spec is not None and spec.loader is not None, SERVICES_PATH
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up in sys.modules
     spec.loader.exec_module(module)
     return module
+
+
+def load_services() -> ModuleType:
+    """Load ``infra/local/services.py`` once per process as module ``orchard_local_services``."""
+    return load_by_path("orchard_local_services", SERVICES_PATH)
 
 
 services = load_services()
@@ -61,15 +65,7 @@ services = load_services()
 
 def load_kubernetes_cluster() -> ModuleType:
     """Load ``infra/local/kubernetes/cluster.py`` once per process as ``orchard_local_kubernetes``."""
-    name = "orchard_local_kubernetes"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, KUBERNETES_CLUSTER_PATH)
-    assert spec is not None and spec.loader is not None, KUBERNETES_CLUSTER_PATH
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_by_path("orchard_local_kubernetes", KUBERNETES_CLUSTER_PATH)
 
 
 def _pid_alive(pid: int) -> bool:
