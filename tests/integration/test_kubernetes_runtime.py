@@ -157,7 +157,9 @@ def test_an_episode_pod_holds_files(sandbox: KubernetesSandbox) -> None:
     assert [entry.path for entry in sandbox.list_files("src")] == ["src/a.txt"]
 
 
-def test_create_uploads_the_task_directory_without_its_history(runtime: KubernetesRuntime, tmp_path: Path) -> None:
+def test_create_uploads_the_task_directory_without_its_history_and_patches_apply(
+    runtime: KubernetesRuntime, tmp_path: Path
+) -> None:
     task = tmp_path / "task"
     (task / ".git").mkdir(parents=True)
     (task / ".git" / "HEAD").write_text("ref: refs/heads/future\n")
@@ -168,6 +170,11 @@ def test_create_uploads_the_task_directory_without_its_history(runtime: Kubernet
     assert sandbox.read_file("pkg/mod.py") == b"VALUE = 1\n"
     log = sandbox.exec("git log --format=%s && git status --porcelain")
     assert (log.exit_code, log.stdout) == (0, "task\n")
+    patch = "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n"
+    applied = sandbox.apply_patch(patch)
+    assert (applied.exit_code, sandbox.read_file("pkg/mod.py")) == (0, b"VALUE = 2\n"), applied
+    assert sandbox.apply_patch(patch).exit_code != 0  # applied already: refused, the file left as it is
+    assert sandbox.read_file("pkg/mod.py") == b"VALUE = 2\n"
 
 
 def test_a_terminal_in_the_pod_runs_an_interactive_shell(sandbox: KubernetesSandbox) -> None:
