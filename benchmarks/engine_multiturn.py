@@ -74,13 +74,13 @@ async def run_once(engine: LocalEngine, args: argparse.Namespace) -> RunResult:
     return RunResult(seconds, args.episodes, stats.prefilled_tokens - prefilled, stats.reused_tokens - reused)
 
 
-def make_engine(checkpoint: Path, cache_tokens: int, args: argparse.Namespace) -> LocalEngine:
-    """A local engine on the tiny checkpoint (started), with a prefix cache of ``cache_tokens``."""
+def make_engine(checkpoint: Path, cache_mb: int, args: argparse.Namespace) -> LocalEngine:
+    """A local engine on the tiny checkpoint (started), with a prefix cache of ``cache_mb`` MiB."""
     engine = LocalEngine(
         checkpoint,
         model_name="tiny",
         max_batch_size=args.concurrency,
-        prefix_cache_tokens=cache_tokens,
+        prefix_cache_mb=cache_mb,
         max_context=2048,
         cpu_threads=args.threads,
     )
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as work:
         checkpoint = build_tiny_checkpoint(args.model, Path(work) / "model", seed=0)
-        engines = {"cache off": make_engine(checkpoint, 0, args), "cache on": make_engine(checkpoint, 32768, args)}
+        engines = {"cache off": make_engine(checkpoint, 0, args), "cache on": make_engine(checkpoint, 256, args)}
         best: dict[str, RunResult] = {}
         try:
             for _ in range(args.repeats):

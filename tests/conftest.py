@@ -3,7 +3,7 @@ control plane) for tests.
 
 Services come from ``infra/local/services.py`` and ``infra/local/kubernetes/cluster.py`` (loaded by path:
 ``infra/`` is not a package), or from the environment when ``ORCHARD_KAFKA_BOOTSTRAP`` / ``ORCHARD_S3_ENDPOINT`` /
-``KUBECONFIG`` are set. A service that cannot start fails the tests that need it; nothing is skipped.
+``ORCHARD_K8S_TEST_KUBECONFIG`` are set. A service that cannot start fails the tests that need it; nothing is skipped.
 
 The session services ("test-kafka", "test-s3", "test-kubernetes") are shared with other pytest processes in the
 same checkout: each process holds a lease file while it uses one, and the last holder stops what a fixture started
@@ -168,9 +168,10 @@ class KubernetesTarget:
 
 @pytest.fixture(scope="session")
 def kubernetes_target() -> Iterator[KubernetesTarget]:
-    """``$KUBECONFIG``'s cluster when set, else the session's local control plane "test-kubernetes" (etcd,
-    kube-apiserver, scheduler, controller manager, kwok), built on first use and shared like Kafka."""
-    external = os.environ.get("KUBECONFIG")
+    """``$ORCHARD_K8S_TEST_KUBECONFIG``'s cluster when set (never a plain ``$KUBECONFIG``: the tests create and
+    delete pods), else the session's local control plane "test-kubernetes" (etcd, kube-apiserver, scheduler,
+    controller manager, kwok), shared like Kafka."""
+    external = os.environ.get("ORCHARD_K8S_TEST_KUBECONFIG")
     if external:
         yield KubernetesTarget(Path(external), local=False)
         return

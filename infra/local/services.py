@@ -291,6 +291,8 @@ def _state_ports(state: dict[str, Any]) -> list[int]:
         return _kafka_ports(int(state["port_base"]), int(state["brokers"]))
     if state.get("kind") == "s3":
         return _s3_ports(int(state["port_base"]))
+    if state.get("kind") == "kubernetes":  # infra/local/kubernetes/cluster.py: etcd (2), API server, kwok
+        return [int(state["port_base"]) + i for i in range(4)]
     return []
 
 

@@ -195,10 +195,10 @@ class BatchScheduler:
         pad_token_id: int,
         max_batch_size: int,
         max_queue: int,
-        prefix_cache_tokens: int = 0,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
-        self.prefix_cache_tokens = prefix_cache_tokens
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.eos_token_ids = frozenset(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -309,7 +309,7 @@ class BatchScheduler:
 
     def _new_batch(self, serving: ServingModel) -> KVBatch:
         """A KV batch on ``serving``'s weights, with a prefix cache of its own (keys of other weights never mix)."""
-        return KVBatch(serving.model, self.pad_token_id, prefix_cache_tokens=self.prefix_cache_tokens)
+        return KVBatch(serving.model, self.pad_token_id, prefix_cache_bytes=self.prefix_cache_bytes)
 
     def _step_guarded(self, cohort: _Cohort) -> None:
         try:

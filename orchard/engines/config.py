@@ -138,11 +138,11 @@ class EngineConfig(BaseModel):
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0: any free port).")
     max_batch_size: int = Field(32, ge=1, le=4096, description="Most sequences generated together in one step.")
     max_queue: int = Field(256, ge=0, description="Most requests waiting for a batch slot; beyond it, HTTP 503.")
-    prefix_cache_tokens: int = Field(
-        32768,
+    prefix_cache_mb: int = Field(
+        256,
         ge=0,
-        description="Local engine: tokens of finished sequences whose keys and values later prompts that start the"
-        " same way reuse instead of prefilling them (orchard/engines/prefix_cache.py); 0 turns the cache off.",
+        description="Local engine: MiB of finished sequences' keys and values kept for later prompts that start the"
+        " same way to reuse instead of prefilling them (orchard/engines/prefix_cache.py); 0 turns the cache off.",
     )
     max_context: int | None = Field(None, ge=8, description="Prompt + completion limit; default: the model's own.")
     default_max_tokens: int = Field(256, ge=1, description="Completion length when a request gives none.")

@@ -26,14 +26,17 @@ from transformers import DynamicCache, PreTrainedModel
 
 from orchard.engines.prefix_cache import KV, PrefixCache, PrefixHit
 
+WIDTH_SLACK = 32
+"""Columns a prefill that reuses cached prefixes may add beyond its longest prompt."""
+
 
 class KVBatch:
     """Running sequences of one model: their KV cache, attention mask and next positions."""
 
-    def __init__(self, model: PreTrainedModel, pad_token_id: int, prefix_cache_tokens: int = 0) -> None:
+    def __init__(self, model: PreTrainedModel, pad_token_id: int, prefix_cache_bytes: int = 0) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.prefilled_tokens = 0  # prompt tokens run through the model
         self.reused_tokens = 0  # prompt tokens whose keys and values came from the prefix cache
         parameters = inspect.signature(model.forward).parameters
@@ -61,7 +64,12 @@ class KVBatch:
         A prompt that shares a prefix with a remembered sequence (``remember``) runs only from where it differs."""
         hits = [self.prefix_cache.lookup(prompt) for prompt in prompts]
         if any(hit is not None for hit in hits):
-            return self._prefill_after(prompts, hits)
+            reused = [hit.length if hit is not None else 0 for hit in hits]
+            width = max(reused) + max(len(prompt) - done for prompt, done in zip(prompts, reused, strict=True))
+            # Reused prefixes and remainders are aligned separately: a long reuse beside a long remainder would
+            # widen the batch past any prompt (and every row with it, for as long as they run). Then prefill all.
+            if width <= max(len(prompt) for prompt in prompts) + WIDTH_SLACK:
+                return self._prefill_after(prompts, hits)
         self.prefilled_tokens += sum(len(p) for p in prompts)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -90,7 +98,7 @@ class KVBatch:
     def remember(self, row: int, fed_tokens: list[int]) -> None:
         """Offer row ``row``'s keys and values, the ones of ``fed_tokens`` (its prompt and the answer tokens fed
         back), to the prefix cache; call it before ``keep`` drops the row."""
-        if self.prefix_cache.max_tokens <= 0 or self._cache is None:
+        if self.prefix_cache.max_bytes <= 0 or self._cache is None:
             return
         columns = torch.nonzero(self._mask[row]).squeeze(1)
         if len(columns) != len(fed_tokens):  # not what this row holds: keep nothing rather than something wrong

@@ -103,7 +103,7 @@ class LocalEngine:
         model_name: str,
         max_batch_size: int = 32,
         max_queue: int = 256,
-        prefix_cache_tokens: int = 32768,
+        prefix_cache_mb: int = 256,
         max_context: int | None = None,
         default_max_tokens: int = 256,
         device: str = "cpu",
@@ -132,7 +132,7 @@ class LocalEngine:
             pad_token_id=_pad_token_id(self.tokenizer),
             max_batch_size=max_batch_size,
             max_queue=max_queue,
-            prefix_cache_tokens=prefix_cache_tokens,
+            prefix_cache_bytes=prefix_cache_mb * 2**20,
         )
         log.info(
             "engine loaded",
@@ -154,7 +154,7 @@ class LocalEngine:
             model_name=config.served_model_name or config.model.rstrip("/").rsplit("/", 1)[-1],
             max_batch_size=config.max_batch_size,
             max_queue=config.max_queue,
-            prefix_cache_tokens=config.prefix_cache_tokens,
+            prefix_cache_mb=config.prefix_cache_mb,
             max_context=config.max_context,
             default_max_tokens=config.default_max_tokens,
             device=config.device,

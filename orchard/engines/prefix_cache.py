@@ -12,8 +12,9 @@ columns of a remembered sequence are what a fresh prefill of those ``n`` tokens 
 summation order). A cache belongs to one set of weights: the scheduler keeps one per cohort, so a new policy
 version starts empty.
 
-Entries are whole sequences (prompt and the answer tokens fed back), least recently used first out once the tokens
-held pass ``max_tokens``; a sequence that extends a remembered one replaces it.
+Entries are whole sequences (prompt and the answer tokens fed back), least recently used first out once the bytes
+held pass ``max_bytes`` (a budget in bytes, not tokens: a token's keys and values weigh 8 KB on the tiny model and
+half a megabyte on a 7B model without grouped-query attention); a sequence that extends a remembered one replaces it.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ class PrefixHit:
 class PrefixCache:
     """Remembered sequences of one model's weights; ``lookup`` finds the longest reusable prefix of a prompt."""
 
-    def __init__(self, max_tokens: int, min_reuse: int = MIN_REUSE_TOKENS) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int, min_reuse: int = MIN_REUSE_TOKENS) -> None:
+        self.max_bytes = max_bytes
         self.min_reuse = min_reuse
         self.tokens_held = 0
-        self._entries: OrderedDict[int, tuple[np.ndarray, list[KV]]] = OrderedDict()
+        self.bytes_held = 0
+        self._entries: OrderedDict[int, tuple[np.ndarray, list[KV], int]] = OrderedDict()
         self._next_key = 0
 
     def __len__(self) -> int:
@@ -56,7 +58,7 @@ class PrefixCache:
             return None
         wanted = np.asarray(prompt, dtype=np.int64)
         best_key, best = -1, 0
-        for key, (tokens, _) in self._entries.items():
+        for key, (tokens, _, _) in self._entries.items():
             shared = _common_prefix(tokens, wanted)
             if shared > best:
                 best_key, best = key, shared
@@ -69,21 +71,24 @@ class PrefixCache:
 
     def remember(self, tokens: list[int], layers: list[KV]) -> None:
         """Keep a sequence's keys and values (``layers`` shaped (1, heads, len(tokens), dim), owned by the cache)."""
-        if self.max_tokens <= 0 or len(tokens) < self.min_reuse or len(tokens) > self.max_tokens:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if len(tokens) < self.min_reuse or size > self.max_bytes:
             return
         ids = np.asarray(tokens, dtype=np.int64)
-        for key, (held, _) in list(self._entries.items()):
+        for key, (held, _, _) in list(self._entries.items()):
             if len(held) <= len(ids) and _common_prefix(held, ids) == len(held):  # the new one covers it
                 self._drop(key)
-        self._entries[self._next_key] = (ids, layers)
+        self._entries[self._next_key] = (ids, layers, size)
         self._next_key += 1
         self.tokens_held += len(ids)
-        while self.tokens_held > self.max_tokens:
+        self.bytes_held += size
+        while self.bytes_held > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, key: int) -> None:
-        tokens, _ = self._entries.pop(key)
+        tokens, _, size = self._entries.pop(key)
         self.tokens_held -= len(tokens)
+        self.bytes_held -= size
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:

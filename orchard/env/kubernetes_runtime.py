@@ -26,6 +26,7 @@ for what the cluster refused or failed.
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import json
@@ -113,6 +114,7 @@ REQUIRED_RIGHTS: tuple[tuple[str, str, str], ...] = (
     ("", "pods", "patch"),
     ("", "pods", "delete"),
     ("", "pods/exec", "create"),
+    ("", "pods/exec", "get"),  # a WebSocket exec is a GET: older API servers authorise it as get, newer as both
     ("", "secrets", "create"),
     ("", "secrets", "get"),
     ("", "secrets", "list"),
@@ -519,6 +521,8 @@ class KubernetesRuntime(Runtime):
             if spec.git_snapshot:
                 sandbox.git_snapshot()
         except Exception as exc:
+            if self.config.node_exec_root is not None and "pod" in created:
+                self._remove_node_workspace(spec.sandbox_id)
             self._teardown(spec.sandbox_id, created, policy_owned=adopted)
             if not created and isinstance(exc, ApiException) and exc.status == 409:
                 raise SandboxExistsError(f"sandbox {spec.sandbox_id} exists") from exc
@@ -781,6 +785,8 @@ class KubernetesRuntime(Runtime):
         except ValidationError:
             log.warning("pod without a valid sandbox spec annotation", pod=pod.metadata.name)
             return None
+        if self.config.node_exec_root is not None:
+            spec = spec.model_copy(update={"env": self._pod_environment(pod)})
         created = pod.metadata.creation_timestamp
         expires = pod_expires_at(pod)
         return KubernetesSandbox(
@@ -789,6 +795,26 @@ class KubernetesRuntime(Runtime):
             created_at=created.timestamp() if created is not None else None,
             expires_at=expires if expires != float("inf") else None,
         )
+
+
+    def _pod_environment(self, pod: Any) -> dict[str, str]:
+        """The spec's environment as the pod holds it (plain values, and the Secret's for the secret keys): what a
+        kubelet gives the container, and what a host-exec node's commands must be handed (``node_exec_root``)."""
+        env: dict[str, str] = {}
+        from_secret = []
+        for variable in pod.spec.containers[0].env or []:
+            if variable.value is not None:
+                env[variable.name] = variable.value
+            elif variable.value_from is not None and variable.value_from.secret_key_ref is not None:
+                from_secret.append((variable.name, variable.value_from.secret_key_ref))
+        for name, ref in from_secret:
+            secret = self._core.read_namespaced_secret(ref.name, self.config.namespace, **self._timeout())
+            raw = (secret.data or {}).get(ref.key)
+            if raw is not None:
+                env[name] = base64.b64decode(raw).decode()
+        for rendered in ("HOME", "OPENAI_BASE_URL"):  # the runtime's own, set again from the spec at each exec
+            env.pop(rendered, None)
+        return env
 
 
 def _feed(ws: ExecStream, stdin: IO[bytes]) -> None:

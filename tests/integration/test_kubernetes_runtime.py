@@ -1,5 +1,6 @@
 """The ``kubernetes`` runtime against a real API server: the local control plane (etcd, kube-apiserver, scheduler,
-controller manager, kwok nodes; ``infra/local/kubernetes``) started by the shared fixture, or ``$KUBECONFIG``'s.
+controller manager, kwok nodes; ``infra/local/kubernetes``) started by the shared fixture, or the cluster of
+``$ORCHARD_K8S_TEST_KUBECONFIG``.
 
 On the local control plane the pods are kwok's: the API objects, scheduling, the phases, garbage collection,
 quotas and exec through the API server are all real, but kwok runs an exec's command on this host, so the runtime
@@ -139,6 +140,15 @@ def test_an_episode_pod_runs_commands_with_its_environment_and_exit_status(sandb
     assert sandbox.exec("cat", stdin=b"piped in\n").stdout == "piped in\n"
     timed_out = sandbox.exec("sleep 60", timeout_s=1)
     assert (timed_out.timed_out, timed_out.exit_code) == (True, None)
+
+
+def test_a_sandbox_found_again_by_id_runs_commands_with_the_pods_environment(
+    runtime: KubernetesRuntime, sandbox: KubernetesSandbox
+) -> None:
+    """What the Env API does on every request: ``get`` the sandbox, then exec (the secret key through its Secret)."""
+    again = runtime.get(sandbox.spec.sandbox_id)
+    result = again.exec('echo "$GREETING" "$OPENAI_API_KEY" "$OPENAI_BASE_URL"')
+    assert (result.exit_code, result.stdout) == (0, f"hello tok-integration {PROXY_URL}\n")
 
 
 def test_an_episode_pod_holds_files(sandbox: KubernetesSandbox) -> None:

@@ -430,14 +430,15 @@ def kube_up(
 ) -> KubernetesCluster:
     """Start (or find running) the local control plane ``name``; idempotent. Builds the binaries on first use.
 
-    ``fresh`` deletes the stored state (etcd data, certificates) of a stopped cluster first. Raises ServiceError
-    with a component's log tail when it exits or is not ready within ``timeout_s``.
+    ``fresh`` deletes the stored state (etcd data, certificates) of a stopped cluster first; a running cluster is
+    returned as it is (another process may be using it). Raises ServiceError with a component's log tail when it
+    exits or is not ready within ``timeout_s``.
     """
     binaries = binaries_dir(build=True)
     with services.service_lock(name) as directory:
         state = services._read_state(directory)
         if state is not None and state.get("kind") == "kubernetes":
-            if not fresh and _cluster(name, state).is_running():
+            if _cluster(name, state).is_running():
                 return _cluster(name, state)
             _stop_recorded(name, state)  # a partly running cluster holds its own ports: stop it before choosing
         with services._allocation_lock():

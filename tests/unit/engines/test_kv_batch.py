@@ -84,13 +84,16 @@ def _run(batch: KVBatch, prompt: list[int], steps: int) -> tuple[list[int], list
 def test_a_prompt_sharing_a_remembered_prefix_prefills_only_its_rest_and_computes_what_a_fresh_forward_does(
     model: PreTrainedModel,
 ) -> None:
-    batch = KVBatch(model, pad_token_id=0, prefix_cache_tokens=10_000)
+    batch = KVBatch(model, pad_token_id=0, prefix_cache_bytes=2**28)
     system = list(range(20, 60))  # the shared opening of every prompt
     first = system + [5, 6, 7]
     tokens, _ = _run(batch, first, steps=4)
     batch.remember(0, first + tokens[:-1])  # what the row was fed: its prompt and all but the last answer token
     batch.keep([])
     assert (len(batch.prefix_cache), batch.prefix_cache.tokens_held) == (1, len(first) + 4)
+    widening = batch.prefill([list(range(200, 200 + len(first) + 8)), first + [1, 2]])  # a long miss beside a hit
+    assert batch.reused_tokens == 0 and widening.shape[0] == 2  # would widen the batch: prefilled in full instead
+    batch.keep([])
 
     follow_up = first + tokens[:-1] + [9, 10, 11]  # the next call of the episode: the turn so far, then a tool result
     other = system + [12, 13]  # another episode's first call: only the system prompt is shared
@@ -112,11 +115,14 @@ def test_the_prefix_cache_keeps_its_token_budget_and_a_longer_sequence_replaces_
     def layers(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(torch.zeros(1, 2, n, 4), torch.zeros(1, 2, n, 4))]
 
-    cache = PrefixCache(max_tokens=100, min_reuse=4)
+    per_token = 2 * 2 * 4 * 4  # keys and values, 2 heads of 4 float32 each
+    cache = PrefixCache(max_bytes=100 * per_token, min_reuse=4)
     cache.remember(list(range(40)), layers(40))
     cache.remember(list(range(50)), layers(50))  # extends the first: it takes its place
-    assert (len(cache), cache.tokens_held) == (1, 50)
+    assert (len(cache), cache.tokens_held, cache.bytes_held) == (1, 50, 50 * per_token)
     cache.remember(list(range(100, 160)), layers(60))  # over budget together: the least recently used goes
+    assert (len(cache), cache.tokens_held, cache.bytes_held) == (1, 60, 60 * per_token)
+    cache.remember(list(range(200, 301)), layers(101))  # larger than the whole budget: not kept
     assert (len(cache), cache.tokens_held) == (1, 60)
     hit = cache.lookup(list(range(100, 130)) + [7])
     assert hit is not None and hit.length == 30 and hit.layers[0][0].shape == (1, 2, 30, 4)
