@@ -252,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-bare", action="store_true", help="only Orchard's path")
     args = parser.parse_args(argv)
     cluster: Any = None
+    local = load_cluster_module()
     kubeconfig = os.environ.get("KUBECONFIG")
     if not kubeconfig:
-        cluster = load_cluster_module().kube_up(name=CLUSTER_NAME, nodes=max(4, args.sandboxes // 250 + 1))
+        cluster = local.kube_up(name=CLUSTER_NAME, nodes=max(4, args.sandboxes // 250 + 1))
         kubeconfig = str(cluster.kubeconfig)
     runs: list[Callable[[str, int, int], PathResult]] = [run_orchard] + ([] if args.skip_bare else [run_bare])
     try:
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         report(results, rss_mb(cluster.pids()) if cluster is not None else None)
     finally:
         if cluster is not None and cluster.started:  # leave the machine as it was
-            load_cluster_module().kube_down(CLUSTER_NAME, purge=True)
+            local.kube_down(CLUSTER_NAME, purge=True)
     return 0
 
 

@@ -237,6 +237,7 @@ class KubernetesPtySession(PtySession):
         self._exit: int | None = None
         self._status = b""
 
+    @_unreachable_is_a_runtime_error
     def read(self, max_bytes: int = 65536, timeout_s: float = 1.0) -> bytes | None:
         """Terminal output; ``None`` when nothing came within ``timeout_s``; ``b""`` once the terminal closed."""
         deadline = time.monotonic() + timeout_s
@@ -250,24 +251,26 @@ class KubernetesPtySession(PtySession):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            wait = min(remaining, 0.2)
-            self._transport(lambda: self._ws.update(timeout=wait))  # noqa: B023 - called at once
+            self._ws.update(timeout=min(remaining, 0.2))
 
+    @_unreachable_is_a_runtime_error
     def write(self, data: bytes) -> None:
         """Keystrokes to the process."""
-        self._transport(lambda: self._ws.write_stdin(data))
+        self._ws.write_stdin(data)
 
+    @_unreachable_is_a_runtime_error
     def resize(self, cols: int, rows: int) -> None:
         """Tell the terminal its new size."""
-        self._transport(lambda: self._ws.write_channel(4, json.dumps({"Width": cols, "Height": rows})))
+        self._ws.write_channel(4, json.dumps({"Width": cols, "Height": rows}))
 
+    @_unreachable_is_a_runtime_error
     def wait(self, timeout_s: float | None = None) -> int | None:
         """The exit status once the stream closed (output read meanwhile is kept for ``read``)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._ws.is_open():
             if deadline is not None and time.monotonic() >= deadline:
                 return None
-            self._transport(lambda: self._ws.update(timeout=0.2))
+            self._ws.update(timeout=0.2)
         return self._collect_status()
 
     def close(self) -> None:
@@ -279,13 +282,6 @@ class KubernetesPtySession(PtySession):
         if self._exit is None and self._status:
             self._exit = exit_code_of(self._status)
         return self._exit
-
-    @staticmethod
-    def _transport(call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except _TRANSPORT_ERRORS as exc:
-            raise KubernetesRuntimeError(f"the terminal's connection was lost: {exc}") from exc
 
 
 class KubernetesSandbox(Sandbox):
@@ -795,7 +791,6 @@ class KubernetesRuntime(Runtime):
             created_at=created.timestamp() if created is not None else None,
             expires_at=expires if expires != float("inf") else None,
         )
-
 
     def _pod_environment(self, pod: Any) -> dict[str, str]:
         """The spec's environment as the pod holds it (plain values, and the Secret's for the secret keys): what a

@@ -199,6 +199,18 @@ def read_topic(bus_path: Path, topic: str) -> list[dict[str, Any]]:
     return out
 
 
+def env_credentials_and_tasks(
+    admin: client.ApiClient, namespace: str, target: Any, work: Path, train_tasks: int, drop: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """The shipped RBAC (less ``drop``) in ``namespace``, a kubeconfig of its ServiceAccount, generated tasks."""
+    install_rbac(admin, namespace, drop)
+    kubeconfig = service_account_kubeconfig(admin, namespace, target.kubeconfig, work / "env.kubeconfig")
+    tasks = work / "tasks"
+    generate = [sys.executable, "-m", "recipes.file_lookup.generate", str(tasks), "--train-tasks", str(train_tasks)]
+    subprocess.run([*generate, "--eval-tasks", "1"], cwd=REPO, check=True, capture_output=True)
+    return kubeconfig, tasks
+
+
 def test_env_serve_on_kubernetes_runs_graded_episodes_under_the_shipped_role(
     admin: client.ApiClient,
     namespace: str,
@@ -206,11 +218,8 @@ def test_env_serve_on_kubernetes_runs_graded_episodes_under_the_shipped_role(
     kubernetes_target: Any,
     tmp_path: Path,
 ) -> None:
-    install_rbac(admin, namespace)
-    kubeconfig = service_account_kubeconfig(admin, namespace, kubernetes_target.kubeconfig, tmp_path / "env.kubeconfig")
-    tasks, demos = tmp_path / "tasks", tmp_path / "demos"
-    subprocess.run([sys.executable, "-m", "recipes.file_lookup.generate", str(tasks), "--train-tasks", "6",
-                    "--eval-tasks", "1"], cwd=REPO, check=True, capture_output=True)  # fmt: skip
+    kubeconfig, tasks = env_credentials_and_tasks(admin, namespace, kubernetes_target, tmp_path, train_tasks=6)
+    demos = tmp_path / "demos"
     plan = ["plan", str(tasks / "train"), str(demos), "--imperfect-fraction", "0.5", "--seed", "3"]
     subprocess.run(
         [sys.executable, "-m", "recipes.file_lookup.expert", *plan], cwd=REPO, check=True, capture_output=True
@@ -257,11 +266,8 @@ def test_env_serve_on_kubernetes_refuses_to_start_with_a_narrower_role_naming_wh
     kubernetes_target: Any,
     tmp_path: Path,
 ) -> None:
-    install_rbac(admin, namespace, drop=("pods/exec", "networkpolicies"))
-    kubeconfig = service_account_kubeconfig(admin, namespace, kubernetes_target.kubeconfig, tmp_path / "env.kubeconfig")
-    tasks = tmp_path / "tasks"
-    subprocess.run([sys.executable, "-m", "recipes.file_lookup.generate", str(tasks), "--train-tasks", "1",
-                    "--eval-tasks", "1"], cwd=REPO, check=True, capture_output=True)  # fmt: skip
+    drop = ("pods/exec", "networkpolicies")
+    kubeconfig, tasks = env_credentials_and_tasks(admin, namespace, kubernetes_target, tmp_path, 1, drop)
     command = [ORCHARD, "env", "serve", "--tasks", str(tasks / "train"), "--proxy", "http://127.0.0.1:9",
                "--port", str(free_port()), "--runtime", "kubernetes",
                "--runtime-config", str(runtime_config(namespace, tmp_path))]  # fmt: skip
