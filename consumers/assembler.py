@@ -33,6 +33,7 @@ from consumers.config import AssemblerConfig
 from consumers.processor import Emit, Input, Processor, RecordRejected, StateStore
 from orchard.bus import RecordTooLargeError
 from orchard.codec import Codec
+from orchard.episode_groups import stream_key
 from orchard.logging import get_logger
 from orchard.topics import MODEL_CALLS, OUTCOMES, TRAJECTORIES
 from orchard.trajectory_records import trajectory_record
@@ -195,14 +196,15 @@ class TrajectoryAssembler(Processor):
             outcome_fields=episode.outcome, timestamp_ms=at_ms,
             policy_version=version if version is not None else episode.call_policy_version,
         )  # fmt: skip
+        key = stream_key(episode.task_id)
         try:
-            emit(TRAJECTORIES, "Trajectory", trajectory_record(**fields, incomplete_reason=reason), episode_id)
+            emit(TRAJECTORIES, "Trajectory", trajectory_record(**fields, incomplete_reason=reason), key)
         except RecordTooLargeError as exc:
             # Emitted without its calls, so the episode is accounted for and the stream moves on.
             reason = f"trajectory too large for one record ({exc}); calls dropped"
             log.error("trajectory too large", episode_id=episode_id, error=str(exc))
             fields["calls"] = []
-            emit(TRAJECTORIES, "Trajectory", trajectory_record(**fields, incomplete_reason=reason), episode_id)
+            emit(TRAJECTORIES, "Trajectory", trajectory_record(**fields, incomplete_reason=reason), key)
         complete = reason is None
         state.put(f"d/{episode_id}", STAMP.pack(at_ms) + (b"1" if complete else b"0"))
         self.closed[episode_id] = at_ms

@@ -36,6 +36,7 @@ from consumers.rewards import RewardPlugin, RewardPluginError, Score, step_score
 from consumers.samples import SampleBuilderConfig
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
 from orchard.codec import Codec
+from orchard.episode_groups import stream_key
 from orchard.logging import get_logger
 from orchard.topics import DEAD_LETTERS, SCORES, TRAJECTORIES
 from orchard.trajectory import Trajectory
@@ -109,7 +110,7 @@ class RewardConsumer(Processor):
             except Exception as exc:
                 raise RecordRejected(f"reward plug-in {self.scorer!r} failed: {exc}", type(exc).__name__) from exc
             for record in records:
-                emit(SCORES, "StepScore", record, trajectory.episode_id)
+                emit(SCORES, "StepScore", record, stream_key(trajectory.task_id))
 
     def punctuate(self, now_ms: int, emit: Emit) -> None:
         """Score the groups that timed out by ``now_ms`` (not stored: only inputs move the clock)."""
@@ -185,7 +186,7 @@ class RewardConsumer(Processor):
             emit(DEAD_LETTERS, "DeadLetter", self._letter(member, reason, exc, closed_ms), member.key)
             return
         for record in records:
-            emit(SCORES, "StepScore", record, trajectory.episode_id)
+            emit(SCORES, "StepScore", record, stream_key(trajectory.task_id))
 
     def _release(self, episode: str) -> HeldTrajectory | None:
         """Take a member's trajectory out of the store (None for a member without steps: nothing was held)."""

@@ -517,6 +517,9 @@ class KafkaConsumer(Consumer):
             "auto.offset.reset": start if isinstance(start, str) else "earliest",
             "isolation.level": "read_committed",
             "session.timeout.ms": 10_000,
+            # partition p of every input topic to one member: a processor's co-keyed inputs meet (the embedded
+            # log's groups deal partitions the same way)
+            "partition.assignment.strategy": "range",
             **bus.config.client_options,
         }
         if instance_id is not None:

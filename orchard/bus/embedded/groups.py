@@ -91,10 +91,15 @@ class GroupMembership:
         return sorted(live)
 
     def assignment(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        """This member's share: partitions dealt round-robin over the sorted live members."""
+        """This member's share: partition numbers dealt round-robin over the sorted live members, each number with
+        every topic's partition of that number. Topics with the same partition count are thus co-partitioned, as
+        Kafka's range assignor makes them: records of one key in two topics (a trajectory and its scores) reach
+        the same member."""
         members = self.live_members()
         me = members.index(self.member_id)
-        return [tp for i, tp in enumerate(sorted(partitions)) if i % len(members) == me]
+        numbers = sorted({tp.partition for tp in partitions})
+        mine = {number for i, number in enumerate(numbers) if i % len(members) == me}
+        return [tp for tp in sorted(partitions) if tp.partition in mine]
 
     def leave(self) -> None:
         """Remove this member so the others take over its partitions at once."""

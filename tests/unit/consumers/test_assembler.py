@@ -177,3 +177,11 @@ def test_emitted_episodes_are_forgotten_after_retention() -> None:
     assert "old" in harness.processor.closed
     harness.punctuate(11_000)
     assert (harness.processor.closed, list(harness.state.items())) == ({}, [])
+
+
+def test_a_trajectory_is_keyed_by_its_task_so_a_rollout_group_shares_one_partition() -> None:
+    episodes = [synthetic_episode(f"ep-{i}", calls=2, seed=i, task_id=f"task-{i % 3}") for i in range(12)]
+    harness = Harness()
+    harness.feed(r for e in episodes for r in e.records)
+    keys = {CODEC.decode(o.value).record["episode_id"]: o.key for o in harness.out if o.topic == "trajectories"}
+    assert keys == {e.episode_id: f"task-{i % 3}".encode() for i, e in enumerate(episodes)}

@@ -1,6 +1,6 @@
 """Group plug-ins (``needs_groups = True``) under the reward consumer: held until their rollout group is complete or
-timed out, scored together, each member's scores keyed by its episode and counted; a restart mid-group loses and
-duplicates nothing; their scores reach the sample builder's samples."""
+timed out, scored together, each member's scores keyed by its task (as its trajectory) and counted; a restart
+mid-group loses and duplicates nothing; their scores reach the sample builder's samples."""
 
 from __future__ import annotations
 
@@ -103,12 +103,13 @@ class Harness:
         self.out += self.driver.take_outbox()
 
     def scores(self) -> list[tuple[str, int, float, int | None]]:
-        """(episode, call, score, episode_score_count) of every StepScore emitted, in order (keys checked)."""
+        """(episode, call, score, episode_score_count) of every StepScore emitted, in order (keys checked: the task,
+        so a group's scores share a partition with its trajectories)."""
         result = []
         for out in self.out:
             record = CODEC.decode(out.value).record
             if out.topic == "scores":
-                assert out.key == record["episode_id"].encode()
+                assert out.key == b"t"  # every trajectory here is of task "t"
                 result.append((record["episode_id"], record["call_index"], record["score"],
                                record["episode_score_count"]))  # fmt: skip
         return result
