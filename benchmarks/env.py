@@ -32,16 +32,16 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from orchard.env.client import AsyncSandboxClient, SandboxClient
-from orchard.env.local_runtime import LocalRuntime
 from orchard.sandbox import SandboxSpec
+from orchard.sandbox.client import AsyncSandboxClient, SandboxClient
+from orchard.sandbox.local.runtime import LocalRuntime
 
 console = Console()
 SERVER = """
 import sys, uvicorn
 from pathlib import Path
-from orchard.env.api import create_sandbox_app
-from orchard.env.local_runtime import LocalRuntime
+from orchard.sandbox.api import create_sandbox_app
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.logging import configure_logging
 configure_logging("json", "WARNING")
 runtime = LocalRuntime(Path(sys.argv[1]))

@@ -37,9 +37,9 @@ from kubernetes import client, watch
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from orchard.env.k8s_objects import KubernetesRuntimeConfig, ProxyEgress
-from orchard.env.kubernetes_runtime import KubernetesRuntime
 from orchard.sandbox import Limits, SandboxSpec
+from orchard.sandbox.kubernetes.objects import KubernetesRuntimeConfig, ProxyEgress
+from orchard.sandbox.kubernetes.runtime import KubernetesRuntime
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_NAME = "bench-kubernetes"

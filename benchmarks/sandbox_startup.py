@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchard.env.local_runtime import LocalRuntime
 from orchard.sandbox import SandboxSpec
+from orchard.sandbox.local.runtime import LocalRuntime
 
 PYTHON = "/usr/bin/python3"  # the system interpreter, visible inside every sandbox (a pyenv shim would add 100 ms)
 

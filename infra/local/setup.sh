@@ -12,7 +12,7 @@ command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 command -v git >/dev/null 2>&1 || need_apt+=(git)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)   # Orchard-GUI's browser (Playwright drives it)
-command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)    # the sandboxes' allow-list root (orchard.env.sandbox_view)
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)    # the sandboxes' allow-list root (orchard.sandbox.local.sandbox_view)
 compgen -G '/usr/lib/*/libseccomp.so.2' >/dev/null || need_apt+=(libseccomp2)   # the sandboxes' seccomp filter
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -121,10 +121,10 @@ def proxy_serve(
 
 
 def sandbox_hidden_paths(config: OrchardConfig, tasks: Path, extra: Sequence[Path] = ()) -> list[Path]:
-    """What the Env's sandboxes must never see: the embedded bus and the local store (every run's records and
-    weights), the task directories (graders, hidden tests) and ``extra``. A sandbox sees only an allow-list of the
-    machine anyway (``orchard.env.sandbox_view``); these are checked against it, so a shared directory that would
-    show one of them is refused at start. The harness installations under .orchard/harnesses are shared."""
+    """What the Env's sandboxes must never see: the embedded bus and the local store (every run's records and weights),
+    the task directories (graders, hidden tests) and ``extra``. A sandbox sees only an allow-list of the machine anyway
+    (``orchard.sandbox.local.sandbox_view``); these are checked against it, so a shared directory that would show one of
+    them is refused at start. The harness installations under .orchard/harnesses are shared."""
     hidden = [Path(config.bus.path)] if isinstance(config.bus, EmbeddedBusConfig) else []
     hidden += [Path(config.store.path)] if isinstance(config.store, LocalStoreConfig) else []
     missing = [str(path) for path in extra if not Path(path).exists()]
@@ -194,8 +194,14 @@ def env_serve(
 def _episode_runtime(
     kind: str, runtime_config: Path | None, config: OrchardConfig, tasks: Path, hide: Sequence[Path], sandboxes: Path
 ) -> Runtime:
-    """The runtime ``orchard env serve`` runs episodes on (``orchard.env.runtimes.open_runtime``)."""
-    from orchard.env.runtimes import RUNTIME_TYPES, LocalRuntimeConfig, RuntimeConfig, open_runtime, read_runtime_config
+    """The runtime ``orchard env serve`` runs episodes on (``orchard.sandbox.factory.open_runtime``)."""
+    from orchard.sandbox.factory import (
+        RUNTIME_TYPES,
+        LocalRuntimeConfig,
+        RuntimeConfig,
+        open_runtime,
+        read_runtime_config,
+    )
 
     if kind not in RUNTIME_TYPES:
         raise ConfigError(f"--runtime: {kind!r} is neither local nor kubernetes")
@@ -212,7 +218,7 @@ def _episode_runtime(
         raise ConfigError("--runtime kubernetes needs --runtime-config FILE (a KubernetesRuntimeConfig in YAML)")
     settings: RuntimeConfig = read_runtime_config(runtime_config, kind)
     runtime = open_runtime(settings, sandboxes=sandboxes)
-    from orchard.env.kubernetes_runtime import KubernetesRuntime, KubernetesRuntimeError
+    from orchard.sandbox.kubernetes.runtime import KubernetesRuntime, KubernetesRuntimeError
 
     if isinstance(runtime, KubernetesRuntime):  # fail at start, naming what the credentials lack
         try:

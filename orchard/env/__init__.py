@@ -1,1 +1,2 @@
-"""Orchard Env: isolated sandboxes for episodes (the runtimes of ``orchard.sandbox``), and the episode service."""
+"""Orchard Env, the episode service (``orchard env serve``): tasks and graders, the runner, the scheduler and the HTTP
+service. Its sandboxes come from ``orchard.sandbox``."""

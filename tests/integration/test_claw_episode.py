@@ -14,9 +14,9 @@ import pytest
 
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from recipes.claw.expert import MODEL, solution_plan

@@ -25,13 +25,13 @@ from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app
 from orchard.engines.token_trace import TokenTrace, trace_of
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
 from orchard.env.service import create_env_app
 from orchard.env.tasks import TaskCatalog
 from orchard.harnesses.base import HarnessAdapter, HarnessArtifacts, HarnessTask, ModelEndpoint, register_adapter
 from orchard.prefix_delta import PromptReconstructor
 from orchard.sandbox import Sandbox
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app

@@ -16,9 +16,9 @@ from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.datasets.conversation import ChatTokenizer
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
 from orchard.env.tasks import TaskCatalog
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from orchard.trajectory import trajectory_from_records
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app

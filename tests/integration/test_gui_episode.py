@@ -17,10 +17,10 @@ import pytest
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
 from orchard.harnesses.base import register_adapter
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.store import open_store
 from orchard.topics import MODEL_CALLS, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app

@@ -225,7 +225,7 @@ def sandbox_kind() -> str:
     forced = os.environ.get("ORCHARD_HARNESS_SANDBOX")
     if forced:
         return forced
-    from orchard.env.isolation import detect_isolation
+    from orchard.sandbox.local.isolation import detect_isolation
 
     return "local" if detect_isolation("auto").mode == "root" else "directory"
 
@@ -248,7 +248,7 @@ def sandbox(tmp_path: Path) -> Iterator[SandboxFactory]:
             proxy_url=backend_url,
         )
         if sandbox_kind() == "local":
-            from orchard.env.local_runtime import LocalRuntime
+            from orchard.sandbox.local.runtime import LocalRuntime
 
             shared = [HARNESSES] if HARNESSES.is_dir() else []
             runtime = LocalRuntime(tmp_path / "runtime", git_snapshot=True, shared_paths=shared)

@@ -23,13 +23,13 @@ from orchard.cli.train_value import eval_rerank
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Scheduler
 from orchard.env.service import create_env_app
 from orchard.env.tasks import TaskCatalog
 from orchard.evaluation.cost import CLOCK_MARGIN_MS, TokenCount, read_token_counts
 from orchard.evaluation.heldout import eval_episode_id
 from orchard.evaluation.stats import wilson_interval
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.tokens import pack_logprobs, pack_token_ids
 from orchard.topics import OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app

@@ -26,15 +26,15 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from orchard.env.exceptions import SandboxNotFoundError
-from orchard.env.k8s_objects import KubernetesRuntimeConfig, ProxyEgress, pod_name, secret_name
-from orchard.env.kubernetes_runtime import (
+from orchard.sandbox import Limits, SandboxSpec
+from orchard.sandbox.exceptions import SandboxNotFoundError
+from orchard.sandbox.kubernetes.objects import KubernetesRuntimeConfig, ProxyEgress, pod_name, secret_name
+from orchard.sandbox.kubernetes.runtime import (
     KubernetesRuntime,
     KubernetesRuntimeError,
     KubernetesSandbox,
     KubernetesStartError,
 )
-from orchard.sandbox import Limits, SandboxSpec
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(900)]
 

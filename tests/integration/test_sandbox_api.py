@@ -19,9 +19,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from orchard.env.api import create_sandbox_app
-from orchard.env.client import AsyncSandboxClient, RemoteSandbox, SandboxClient
-from orchard.env.exceptions import (
+from orchard.sandbox import FileEntry, Sandbox, SandboxSpec
+from orchard.sandbox.api import create_sandbox_app
+from orchard.sandbox.client import AsyncSandboxClient, RemoteSandbox, SandboxClient
+from orchard.sandbox.exceptions import (
     InvalidSandboxRequestError,
     PathEscapeError,
     SandboxAuthError,
@@ -29,8 +30,7 @@ from orchard.env.exceptions import (
     SandboxFileNotFoundError,
     SandboxNotFoundError,
 )
-from orchard.env.local_runtime import LocalRuntime
-from orchard.sandbox import FileEntry, Sandbox, SandboxSpec
+from orchard.sandbox.local.runtime import LocalRuntime
 
 TOKEN = "test-token-0123456789"  # noqa: S105 - a test credential
 

@@ -18,10 +18,10 @@ from orchard.bus import open_bus
 from orchard.cli.serve import sandbox_hidden_paths
 from orchard.config import EmbeddedBusConfig, OrchardConfig
 from orchard.engines.scripted import ScriptedPlan
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
 from orchard.prefix_delta import PromptReconstructor
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app

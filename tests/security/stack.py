@@ -34,13 +34,13 @@ from orchard.cli.serve import sandbox_hidden_paths
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig, OrchardConfig
 from orchard.engines.scripted import ScriptedPlan
-from orchard.env.api import create_sandbox_app
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
-from orchard.env.local_runtime import LocalRuntime
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
 from orchard.env.tasks import TaskCatalog
 from orchard.http_server import BackgroundServer
 from orchard.sandbox import Sandbox, SandboxSpec
+from orchard.sandbox.api import create_sandbox_app
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.topics import OUTCOMES, STANDARD_TOPICS
 from producers.proxy import ProxySettings, create_proxy_app
 from recipes.file_lookup.expert import ExpertBackend

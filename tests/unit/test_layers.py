@@ -4,7 +4,8 @@ sideways, never up.
 From the bottom: the core (``orchard/`` but its entry points); ``producers/``, ``consumers/``, ``trainers/`` and
 ``recipes/``, each on the core alone; the entry points (``orchard.cli``, ``orchard.run``, ``orchard.viewer``), which may
 import anything.
-Inside the core, the harness adapters sit below Orchard Env: ``orchard.env`` runs them, they import nothing of it.
+Inside the core, the harness adapters sit below Orchard Env: ``orchard.env`` runs them, they import nothing of it nor
+of the runtimes behind the sandbox interface; the sandbox (``orchard.sandbox``) imports nothing of ``orchard.env``.
 Every import counts, at module level or inside a function or ``if TYPE_CHECKING:``; relative imports are resolved.
 """
 
@@ -28,6 +29,8 @@ MAY_IMPORT = {
     "entry points": set(LAYERS),
 }
 """The layers each layer's modules may import (besides third-party packages)."""
+HARNESSES_MAY_NOT_IMPORT = ("orchard.env", "orchard.sandbox.local", "orchard.sandbox.kubernetes")
+"""The episode service that runs the harness adapters, and the runtimes behind the sandbox interface they use."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,15 @@ def test_producers_consumers_and_trainers_import_only_the_core_and_themselves() 
 
 def test_the_harness_adapters_import_nothing_of_orchard_env_which_runs_them() -> None:
     harnesses = [f for f in all_imports() if within(f.importer, "orchard.harnesses")]
-    assert [f"{f.where}: {f.statement}" for f in harnesses if within(f.imported, "orchard.env")] == []
+    above = [f for f in harnesses if any(within(f.imported, package) for package in HARNESSES_MAY_NOT_IMPORT)]
+    assert [f"{f.where}: {f.statement}" for f in above] == []
     runner = [f.imported for f in all_imports() if f.importer == "orchard.env.episode_runner"]
     assert any(within(name, "orchard.harnesses") for name in runner)  # the legal direction, still in use
+
+
+def test_the_sandbox_imports_nothing_of_the_episode_service_which_runs_on_it() -> None:
+    sandbox = [f for f in all_imports() if within(f.importer, "orchard.sandbox")]
+    assert [f"{f.where}: {f.statement}" for f in sandbox if within(f.imported, "orchard.env")] == []
 
 
 def test_imports_inside_functions_and_relative_imports_that_climb_are_found(tmp_path: Path) -> None:

@@ -20,11 +20,11 @@ from consumers.builtin import available
 from consumers.dense.settings import DistillationSettings, JudgeSettings, RuleSettings
 from orchard.cli.main import app
 from orchard.config import KafkaBusConfig, S3StoreConfig
-from orchard.env.k8s_objects import KubernetesRuntimeConfig
 from orchard.run.commands import component_args
 from orchard.run.config import CommandComponent, EnvComponent, RunConfig, load_run_config
 from orchard.run.rundir import resolve_orchard_config
 from orchard.run.settings import FullConfig
+from orchard.sandbox.kubernetes.objects import KubernetesRuntimeConfig
 from producers.proxy.settings import ProxySettings
 from recipes.swe import swebench_build
 from recipes.swe.images import IMAGE_REFERENCE

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from orchard.env.k8s_objects import KubernetesRuntimeConfig
-from orchard.env.local_runtime import LocalRuntime
-from orchard.env.runtimes import LocalRuntimeConfig, open_runtime, read_runtime_config
 from orchard.exceptions import ConfigError
+from orchard.sandbox.factory import LocalRuntimeConfig, open_runtime, read_runtime_config
+from orchard.sandbox.kubernetes.objects import KubernetesRuntimeConfig
+from orchard.sandbox.local.runtime import LocalRuntime
 
 KUBERNETES = "proxy: {port: 8100, pod_selector: {app: orchard-proxy}}\n"
 

@@ -20,7 +20,7 @@ from orchard.topics import SANDBOX_EVENTS
 
 Operation = Literal["EXEC", "WRITE_FILE", "READ_FILE", "LIST_FILES", "APPLY_PATCH", "DELETE_FILE", "UPLOAD", "DOWNLOAD"]
 
-log = get_logger("orchard.env.events")
+log = get_logger("orchard.sandbox.events")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchard.env.exceptions import InvalidSandboxRequestError, PathEscapeError, SandboxFileNotFoundError
 from orchard.sandbox import FileEntry
+from orchard.sandbox.exceptions import InvalidSandboxRequestError, PathEscapeError, SandboxFileNotFoundError
 
 MAX_SYMLINK_HOPS = 40
 MAX_NAME_BYTES = 255

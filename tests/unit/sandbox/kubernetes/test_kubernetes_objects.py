@@ -29,14 +29,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from orchard.env.exceptions import (
+from orchard.sandbox import FileEntry, Limits, SandboxSpec
+from orchard.sandbox.exceptions import (
     InvalidSandboxRequestError,
     PathEscapeError,
     SandboxExistsError,
     SandboxFileNotFoundError,
     SandboxNotFoundError,
 )
-from orchard.env.k8s_objects import (
+from orchard.sandbox.kubernetes.objects import (
     ANNOTATION_EXPIRES_AT,
     ANNOTATION_SPEC,
     KubernetesRuntimeConfig,
@@ -47,14 +48,13 @@ from orchard.env.k8s_objects import (
     render_episode_objects,
     workspace_path,
 )
-from orchard.env.kubernetes_runtime import (
+from orchard.sandbox.kubernetes.runtime import (
     KubernetesRuntime,
     KubernetesRuntimeError,
     KubernetesSandbox,
     KubernetesStartError,
     exit_code_of,
 )
-from orchard.sandbox import FileEntry, Limits, SandboxSpec
 
 NOW = 1_800_000_000.0
 PROXY_LABELS = {"app.kubernetes.io/name": "orchard-proxy"}

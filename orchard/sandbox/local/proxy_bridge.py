@@ -1,7 +1,7 @@
 """Relay TCP connections from listening sockets inside sandboxes to the proxy on the host.
 
-One asyncio loop on one daemon thread serves every sandbox of a runtime: each sandbox has a listening socket that
-lives in its network namespace (see ``orchard.env.netns``), and each connection accepted there is piped, bytes both
+One asyncio loop on one daemon thread serves every sandbox of a runtime: each sandbox has a listening socket that lives
+in its network namespace (see ``orchard.sandbox.local.netns``), and each connection accepted there is piped, bytes both
 ways with half-closes, to the proxy's address in the host namespace. Nothing else is reachable from the sandbox.
 """
 
@@ -18,7 +18,7 @@ from orchard.logging import get_logger
 CONNECT_TIMEOUT_S = 10.0
 CHUNK = 65536
 
-log = get_logger("orchard.env.proxy_bridge")
+log = get_logger("orchard.sandbox.local.proxy_bridge")
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import orchard
-from orchard.env.interpreter import interpreter_paths
+from orchard.sandbox.local.interpreter import interpreter_paths
 
 
 def covered(path: Path, paths: list[Path]) -> bool:

@@ -14,7 +14,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from orchard.env.exceptions import InvalidSandboxRequestError, SandboxStartError
+from orchard.sandbox.exceptions import InvalidSandboxRequestError, SandboxStartError
 
 EXCLUDED_NAMES = frozenset({".git"})
 GIT_IDENTITY = {

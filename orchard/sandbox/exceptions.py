@@ -1,4 +1,4 @@
-"""Errors raised by ``orchard.env``: sandbox runtimes, the sandbox REST API and its clients.
+"""Errors raised by ``orchard.sandbox``: sandbox runtimes, the sandbox REST API and its clients.
 
 Each error that a client can cause has an HTTP status and a stable ``code`` (the ``error`` field of the API's JSON
 error body), so the SDK raises the same class the runtime raised on the server.

@@ -1,8 +1,9 @@
 """The sandbox interface: a runtime creates sandboxes (one per episode); a sandbox runs commands and holds files.
 
-Two runtimes in ``orchard.env`` implement it: ``local`` (a process tree in its own working copy and namespaces, the
-default) and ``kubernetes`` (one Pod per episode). The sandbox REST API, the episode service and the harness adapters
-(``orchard.harnesses``) use only this interface; it sits below both, so the harnesses import nothing of ``orchard.env``.
+Two runtimes implement it: ``local`` (``orchard.sandbox.local``: a process tree in its own working copy and namespaces,
+the default) and ``kubernetes`` (``orchard.sandbox.kubernetes``: one Pod per episode). The sandbox REST API, the
+episode service (``orchard.env``) and the harness adapters (``orchard.harnesses``) use only this interface; it sits
+below both, so the harnesses import nothing of ``orchard.env`` nor of the runtimes.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ EMPTY_WAIT_S = 5.0
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 """Joins every ``cgroup.procs`` file named before ``--``, then becomes the command (exit 125: could not join)."""
 
-log = get_logger("orchard.env.cgroups")
+log = get_logger("orchard.sandbox.local.cgroups")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The ``local`` runtime: each sandbox is a working copy on this machine, and its commands are process trees
-isolated as ``orchard.env.isolation`` describes (namespaces, own uid, rlimits, minimal environment).
+isolated as ``orchard.sandbox.local.isolation`` describes (namespaces, own uid, rlimits, minimal environment).
 
 Layout under the runtime's root (mode 0711, so sandboxes cannot list it)::
 
@@ -10,14 +10,15 @@ Layout under the runtime's root (mode 0711, so sandboxes cannot list it)::
         grader/, grader-out/, grader-home/
                                 made only for ``run_grader``, after every agent process is dead (grader/: root's)
 
-What a command sees of the machine is an allow-list (``orchard.env.sandbox_view``); the sandbox's memory, processes
-and CPU are limited as a whole by its cgroup (``orchard.env.cgroups``), its disk and CPU seconds by the watchdog
-(``orchard.env.watchdog``), and its system calls by the seccomp filter (``orchard.env.seccomp``).
+What a command sees of the machine is an allow-list (``orchard.sandbox.local.sandbox_view``); the sandbox's memory,
+processes and CPU are limited as a whole by its cgroup (``orchard.sandbox.local.cgroups``), its disk and CPU seconds by
+the watchdog (``orchard.sandbox.local.watchdog``), and its system calls by the seccomp filter
+(``orchard.sandbox.local.seccomp``).
 
 Network: in a new network namespace only ``lo`` exists. When ``spec.proxy_url`` is set, the runtime listens on the
-sandbox's own ``127.0.0.1:<proxy port>`` and relays each connection to the proxy (``orchard.env.proxy_bridge``):
-the proxy is the one endpoint the sandbox reaches, at ``SandboxInfo.proxy_endpoint``. Without namespaces the
-sandbox shares the host network (a warning says so at start).
+sandbox's own ``127.0.0.1:<proxy port>`` and relays each connection to the proxy
+(``orchard.sandbox.local.proxy_bridge``): the proxy is the one endpoint the sandbox reaches, at
+``SandboxInfo.proxy_endpoint``. Without namespaces the sandbox shares the host network (a warning says so at start).
 
 Every exec and file operation is published as a ``SandboxEvent`` when a bus producer is given. A sandbox lives
 until ``delete``/``close``, or until ``reap_expired`` finds its TTL lapsed (``ttl_s`` after creation or the last
@@ -43,36 +44,6 @@ from typing import Literal, TypeVar
 
 from orchard.bus import Producer
 from orchard.clock import now_ms
-from orchard.env.cgroups import CgroupSupport, detect_cgroups
-from orchard.env.events import Operation, OperationRecord, SandboxEventPublisher
-from orchard.env.exceptions import (
-    InvalidSandboxRequestError,
-    SandboxError,
-    SandboxExistsError,
-    SandboxNotFoundError,
-    SandboxStartError,
-)
-from orchard.env.interpreter import interpreter_paths
-from orchard.env.isolation import SYSTEM_PATH, Isolation, IsolationMode, detect_isolation
-from orchard.env.mounts import detach_stale, mount_scratch, unmount
-from orchard.env.process import RunningCommand
-from orchard.env.provisioning import Provisioner, SandboxResources, remove_tree
-from orchard.env.proxy_bridge import ProxyBridge
-from orchard.env.pty_session import LocalPty
-from orchard.env.safe_fs import ConfinedDirectory
-from orchard.env.sandbox_view import (
-    GRADER_DIR,
-    GRADER_OUT,
-    INSIDE_HOME,
-    INSIDE_ROOT,
-    INSIDE_WORK,
-    TOP_LEVEL_SYSTEM,
-    SandboxView,
-    stage_etc,
-)
-from orchard.env.seccomp import filter_fd, sandbox_filter_bpf
-from orchard.env.uids import UidAllocator, kill_processes_of
-from orchard.env.watchdog import Watchdog, Watched
 from orchard.logging import get_logger
 from orchard.sandbox import (
     ExecResult,
@@ -84,6 +55,36 @@ from orchard.sandbox import (
     SandboxInfo,
     SandboxSpec,
 )
+from orchard.sandbox.events import Operation, OperationRecord, SandboxEventPublisher
+from orchard.sandbox.exceptions import (
+    InvalidSandboxRequestError,
+    SandboxError,
+    SandboxExistsError,
+    SandboxNotFoundError,
+    SandboxStartError,
+)
+from orchard.sandbox.local.cgroups import CgroupSupport, detect_cgroups
+from orchard.sandbox.local.interpreter import interpreter_paths
+from orchard.sandbox.local.isolation import SYSTEM_PATH, Isolation, IsolationMode, detect_isolation
+from orchard.sandbox.local.mounts import detach_stale, mount_scratch, unmount
+from orchard.sandbox.local.process import RunningCommand
+from orchard.sandbox.local.provisioning import Provisioner, SandboxResources, remove_tree
+from orchard.sandbox.local.proxy_bridge import ProxyBridge
+from orchard.sandbox.local.pty_session import LocalPty
+from orchard.sandbox.local.sandbox_view import (
+    GRADER_DIR,
+    GRADER_OUT,
+    INSIDE_HOME,
+    INSIDE_ROOT,
+    INSIDE_WORK,
+    TOP_LEVEL_SYSTEM,
+    SandboxView,
+    stage_etc,
+)
+from orchard.sandbox.local.seccomp import filter_fd, sandbox_filter_bpf
+from orchard.sandbox.local.uids import UidAllocator, kill_processes_of
+from orchard.sandbox.local.watchdog import Watchdog, Watched
+from orchard.sandbox.safe_fs import ConfinedDirectory
 
 MIB = 1024 * 1024
 PATCH_TIMEOUT_S = 60.0
@@ -96,7 +97,7 @@ MAX_GRADER_OUTPUT_BYTES = 4 * MIB
 """What ``run_grader`` reads back of each file the grader wrote (its signals are a few hundred bytes)."""
 
 T = TypeVar("T")
-log = get_logger("orchard.env.local_runtime")
+log = get_logger("orchard.sandbox.local.runtime")
 
 
 class LocalRuntime(Runtime):
@@ -120,14 +121,14 @@ class LocalRuntime(Runtime):
         raise this process's soft limit of open files to its hard limit (each sandbox holds a few descriptors).
 
         ``git_snapshot``: make each working copy a fresh one-commit git repository. ``allowed_sources``: when set,
-        ``spec.source_dir`` must lie under one of these directories. ``shared_paths``: host directories sandboxes
-        see read-only at their own paths (harness installations); nothing else of the host exists inside a
-        namespaced sandbox but the minimal system (``orchard.env.sandbox_view``). ``share_interpreter``: also share
-        what this process's Python needs to run inside sandboxes (its installation, virtualenv and the ``orchard``
-        package, ``orchard.env.interpreter``), so Python harnesses run with ``sys.executable``. ``hidden_paths``:
-        host directories that must stay invisible (the bus, the store, task directories): a shared path that would
-        show one is refused at start. ``max_output_bytes``: ``exec`` keeps at most this much of each of stdout and
-        stderr (``exec_stream`` passes everything on).
+        ``spec.source_dir`` must lie under one of these directories. ``shared_paths``: host directories sandboxes see
+        read-only at their own paths (harness installations); nothing else of the host exists inside a namespaced
+        sandbox but the minimal system (``orchard.sandbox.local.sandbox_view``). ``share_interpreter``: also share what
+        this process's Python needs to run inside sandboxes (its installation, virtualenv and the ``orchard`` package,
+        ``orchard.sandbox.local.interpreter``), so Python harnesses run with ``sys.executable``. ``hidden_paths``: host
+        directories that must stay invisible (the bus, the store, task directories): a shared path that would show one
+        is refused at start. ``max_output_bytes``: ``exec`` keeps at most this much of each of stdout and stderr
+        (``exec_stream`` passes everything on).
         """
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)

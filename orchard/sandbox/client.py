@@ -1,6 +1,6 @@
 """Python SDK for the sandbox REST API: ``SandboxClient`` (sync, httpx) and ``AsyncSandboxClient`` (asyncio).
 
-Both return the models of ``orchard.sandbox`` and raise the errors of ``orchard.env.exceptions`` the server
+Both return the models of ``orchard.sandbox`` and raise the errors of ``orchard.sandbox.exceptions`` the server
 raised (by the error body's code). A ``RemoteSandbox`` is a ``Sandbox``, so code written against the runtime
 interface runs unchanged against a remote service::
 
@@ -26,9 +26,9 @@ import websockets.exceptions
 import websockets.sync.client
 from pydantic import TypeAdapter, ValidationError
 
-from orchard.env.api_models import ExecRequest, PatchRequest, PtyExit, PtyResize, StreamLine
-from orchard.env.exceptions import ERRORS_BY_CODE, InvalidSandboxRequestError, SandboxError, SandboxNotFoundError
 from orchard.sandbox import ExecResult, FileEntry, PtySession, Sandbox, SandboxInfo, SandboxSpec
+from orchard.sandbox.api_models import ExecRequest, PatchRequest, PtyExit, PtyResize, StreamLine
+from orchard.sandbox.exceptions import ERRORS_BY_CODE, InvalidSandboxRequestError, SandboxError, SandboxNotFoundError
 
 DEFAULT_TIMEOUT_S = 30.0
 KEEPALIVE_EXPIRY_S = 2.0

@@ -5,7 +5,7 @@ A command starts from an empty root (a tmpfs) in which only these exist:
 - the **minimal system**, read-only: ``/usr`` and the top-level links or directories into it (``/bin``, ``/sbin``,
   ``/lib*``), and the files of ``/etc`` that programs need to start, resolve names and verify TLS (``ETC_ENTRIES``);
 - the **shared directories**, read-only at their own paths: the runtime's interpreter and the packages its Python
-  harnesses import (``orchard.env.interpreter``), harness installations (``LocalRuntime(shared_paths=...)``);
+  harnesses import (``orchard.sandbox.local.interpreter``), harness installations (``LocalRuntime(shared_paths=...)``);
 - the sandbox's **own directories**, writable: the working copy at ``/sandbox/work``, ``$HOME`` at
   ``/sandbox/home``, and its temporary directory as ``/tmp`` and ``/var/tmp`` (host paths are never shown);
 - a fresh ``/dev`` (null, zero, random, urandom, tty, pts, and ``/dev/shm`` on the sandbox's own files), a fresh

@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from orchard.env.process import kill_tree, shell_status, spawn
 from orchard.sandbox import PtySession
+from orchard.sandbox.local.process import kill_tree, shell_status, spawn
 
 OnClose = Callable[["LocalPty"], None]
 

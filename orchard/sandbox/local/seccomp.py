@@ -25,7 +25,7 @@ import functools
 import os
 import tempfile
 
-from orchard.env.exceptions import SandboxStartError
+from orchard.sandbox.exceptions import SandboxStartError
 
 CLONE_NEWUSER = 0x10000000
 

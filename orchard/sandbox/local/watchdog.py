@@ -3,8 +3,8 @@
 Every ``INTERVAL_S`` it looks at each sandbox with a command running and stops all of them when
 
 - its cgroup has used more than ``cpu_seconds`` of CPU (every process together, not one at a time), or
-- where the sandbox's files are not on a tmpfs of their own (``orchard.env.mounts``: a runtime that is not root),
-  they take more than ``disk_mb`` or hold more than ``MAX_ENTRIES`` entries. That check bounds how far past
+- where the sandbox's files are not on a tmpfs of their own (``orchard.sandbox.local.mounts``: a runtime that is not
+  root), they take more than ``disk_mb`` or hold more than ``MAX_ENTRIES`` entries. That check bounds how far past
   ``disk_mb`` a sandbox gets to about one interval of writing; the tmpfs makes it exact.
 
 The command that was stopped reports why on its stderr.
@@ -26,7 +26,7 @@ MAX_ENTRIES = 200_000
 BLOCK = 512
 MIB = 1024 * 1024
 
-log = get_logger("orchard.env.watchdog")
+log = get_logger("orchard.sandbox.local.watchdog")
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import importlib
 import pytest
 from pydantic import ValidationError
 
-from orchard.env.api_models import MAX_ARGUMENT_BYTES, ExecRequest
-from orchard.env.exceptions import InvalidSandboxRequestError, PathEscapeError
-from orchard.env.safe_fs import split_path
+from orchard.sandbox.api_models import MAX_ARGUMENT_BYTES, ExecRequest
+from orchard.sandbox.exceptions import InvalidSandboxRequestError, PathEscapeError
+from orchard.sandbox.safe_fs import split_path
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,8 @@ def test_the_longest_names_pass() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["orchard.env.api", "orchard.env.api_models", "orchard.env.episode_runner", "orchard.env.safe_fs"]
+    "module",
+    ["orchard.sandbox.api", "orchard.sandbox.api_models", "orchard.env.episode_runner", "orchard.sandbox.safe_fs"],
 )
 def test_doctests(module: str) -> None:
     results = doctest.testmod(importlib.import_module(module))

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from orchard.env.cgroups import CgroupSupport, SandboxCgroup
-from orchard.env.exceptions import InvalidSandboxRequestError, SandboxExistsError, SandboxStartError
-from orchard.env.isolation import SYSTEM_PATH, Isolation
-from orchard.env.mounts import mount_scratch, unmount
-from orchard.env.netns import listen_loopback, loopback_up, run_in_netns
-from orchard.env.process import spawn
-from orchard.env.proxy_bridge import BridgeListener, ProxyBridge
-from orchard.env.uids import UidAllocator, UidLease
-from orchard.env.workspace import chown_tree, copy_source, git_snapshot
 from orchard.sandbox import SandboxSpec
+from orchard.sandbox.exceptions import InvalidSandboxRequestError, SandboxExistsError, SandboxStartError
+from orchard.sandbox.local.cgroups import CgroupSupport, SandboxCgroup
+from orchard.sandbox.local.isolation import SYSTEM_PATH, Isolation
+from orchard.sandbox.local.mounts import mount_scratch, unmount
+from orchard.sandbox.local.netns import listen_loopback, loopback_up, run_in_netns
+from orchard.sandbox.local.process import spawn
+from orchard.sandbox.local.proxy_bridge import BridgeListener, ProxyBridge
+from orchard.sandbox.local.uids import UidAllocator, UidLease
+from orchard.sandbox.workspace import chown_tree, copy_source, git_snapshot
 
 MIB = 1024 * 1024
 HOLDER_READY_TIMEOUT_S = 15.0
@@ -42,7 +42,7 @@ class SandboxResources:
     cgroup: SandboxCgroup | None = None
     made_directory: bool = False
     scratch: bool = False
-    """The directory is a tmpfs of ``disk_mb`` (``orchard.env.mounts``)."""
+    """The directory is a tmpfs of ``disk_mb`` (``orchard.sandbox.local.mounts``)."""
 
     @property
     def workdir(self) -> Path:

@@ -2,12 +2,12 @@
 
 Detected once per process (``detect_isolation``), in decreasing strength:
 
-- ``root`` (running as root): per sandbox, a short-lived *holder* process creates new network, UTS and IPC
-  namespaces; the runtime keeps them alive by holding their ``/proc/<pid>/ns/*`` files open (so no process id can
-  be recycled into a wrong namespace) and opens the sandbox's one network door (to the proxy) inside. Every command
-  joins the sandbox's cgroup (``orchard.env.cgroups``), enters those namespaces (``nsenter``) and then runs under
-  bubblewrap: an allow-list root (``orchard.env.sandbox_view``), its own PID namespace with a fresh ``/proc``, the
-  seccomp filter (``orchard.env.seccomp``), its rlimits (``prlimit``), and the sandbox's own uid/gid with no
+- ``root`` (running as root): per sandbox, a short-lived *holder* process creates new network, UTS and IPC namespaces;
+  the runtime keeps them alive by holding their ``/proc/<pid>/ns/*`` files open (so no process id can be recycled into a
+  wrong namespace) and opens the sandbox's one network door (to the proxy) inside. Every command joins the sandbox's
+  cgroup (``orchard.sandbox.local.cgroups``), enters those namespaces (``nsenter``) and then runs under bubblewrap: an
+  allow-list root (``orchard.sandbox.local.sandbox_view``), its own PID namespace with a fresh ``/proc``, the seccomp
+  filter (``orchard.sandbox.local.seccomp``), its rlimits (``prlimit``), and the sandbox's own uid/gid with no
   capabilities, no supplementary groups and ``no_new_privs`` (``setpriv``). PID 1 of that namespace is bubblewrap's
   reaper; when the command ends, PID 1 exits and the kernel kills every process the command started.
 - ``userns`` (not root, unprivileged user namespaces allowed): bubblewrap alone, in a new user namespace that maps
@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchard.env.exceptions import SandboxStartError
-from orchard.env.sandbox_view import SandboxView
 from orchard.logging import get_logger
 from orchard.sandbox import Limits
+from orchard.sandbox.exceptions import SandboxStartError
+from orchard.sandbox.local.sandbox_view import SandboxView
 
 IsolationMode = Literal["auto", "root", "userns", "none"]
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -50,7 +50,7 @@ NAMESPACES = ("net", "uts", "ipc")
 _NSENTER_OPTION = {"net": "--net", "uts": "--uts", "ipc": "--ipc"}
 
 
-log = get_logger("orchard.env.isolation")
+log = get_logger("orchard.sandbox.local.isolation")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One command running in a sandbox: its pipes, its deadline, and killing its whole process tree.
 
-The command is started (already wrapped by ``orchard.env.isolation``) as the leader of a new session. With
+The command is started (already wrapped by ``orchard.sandbox.local.isolation``) as the leader of a new session. With
 namespaces, the process started here is ``unshare``, whose child is PID 1 of the command's own PID namespace:
 killing that child makes the kernel kill every process in the namespace, however it was daemonised. Without
 namespaces, the session's process group is killed. After the command itself exits, what it left running is killed
@@ -42,7 +42,7 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with exactly ``env`` (nothing of the host's environment) and no inherited descriptors
     besides ``pass_fds``."""
-    return subprocess.Popen(  # noqa: S603 - argv built by orchard.env.isolation
+    return subprocess.Popen(  # noqa: S603 - argv built by orchard.sandbox.local.isolation
         list(argv),
         env=dict(env),
         cwd=cwd,

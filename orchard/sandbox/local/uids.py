@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchard.env.exceptions import SandboxStartError
+from orchard.sandbox.exceptions import SandboxStartError
 
 DEFAULT_UID_BASE = 1_900_000_000
 DEFAULT_UID_COUNT = 65_536

@@ -27,17 +27,17 @@ import pytest
 from orchard.bus.embedded import EmbeddedBus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
-from orchard.env.exceptions import (
+from orchard.sandbox import FileEntry, Limits, SandboxSpec
+from orchard.sandbox.exceptions import (
     InvalidSandboxRequestError,
     PathEscapeError,
     SandboxExistsError,
     SandboxFileNotFoundError,
     SandboxNotFoundError,
 )
-from orchard.env.isolation import detect_isolation
-from orchard.env.local_runtime import LocalRuntime, LocalSandbox
-from orchard.env.uids import kill_processes_of
-from orchard.sandbox import FileEntry, Limits, SandboxSpec
+from orchard.sandbox.local.isolation import detect_isolation
+from orchard.sandbox.local.runtime import LocalRuntime, LocalSandbox
+from orchard.sandbox.local.uids import kill_processes_of
 from orchard.topics import SANDBOX_EVENTS
 
 ISOLATION = detect_isolation("auto")
@@ -231,7 +231,7 @@ def test_disk_limit_is_enforced_while_commands_run(runtime: LocalRuntime) -> Non
 
 
 def test_a_million_empty_files_stop_the_sandbox(runtime: LocalRuntime) -> None:
-    from orchard.env import mounts, watchdog
+    from orchard.sandbox.local import mounts, watchdog
 
     original = watchdog.MAX_ENTRIES, mounts.MAX_INODES
     watchdog.MAX_ENTRIES = mounts.MAX_INODES = 2000
@@ -694,7 +694,7 @@ def test_user_namespace_mode_runs_without_capabilities(open_root: Path) -> None:
 NON_ROOT_SCRIPT = """
 import sys
 from pathlib import Path
-from orchard.env.local_runtime import LocalRuntime
+from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.sandbox import SandboxSpec
 from orchard.logging import configure_logging
 configure_logging("json", "WARNING")

@@ -3,7 +3,7 @@ interactive PTY over WebSocket, files, patches, heartbeats; TTL reaping in the b
 
 Every route but ``GET /healthz`` needs ``Authorization: Bearer <token>`` (a liveness probe learns nothing but
 ``{"status": "ok"}``). Errors are JSON ``{"error": code, "message": text}`` with a stable code per cause
-(``orchard.env.exceptions``): 401 ``unauthorized``, 404 ``sandbox_not_found`` / ``file_not_found``, 400
+(``orchard.sandbox.exceptions``): 401 ``unauthorized``, 404 ``sandbox_not_found`` / ``file_not_found``, 400
 ``path_escape`` / ``invalid_request``, 409 ``sandbox_exists``, 422 ``invalid_request`` for a malformed body (wrong
 JSON types, unknown fields, a NUL byte in an argument, an environment name holding ``=``, more than a program can
 receive). File paths in URLs are relative to the working copy; a client sends ``.``/``..`` segments percent-encoded
@@ -39,7 +39,9 @@ from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchard.env.api_models import (
+from orchard.logging import get_logger
+from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.sandbox.api_models import (
     ErrorBody,
     ExecRequest,
     PatchRequest,
@@ -49,10 +51,8 @@ from orchard.env.api_models import (
     check_argument,
     check_environment,
 )
-from orchard.env.exceptions import InvalidSandboxRequestError, SandboxAuthError, SandboxError, SandboxNotFoundError
-from orchard.env.safe_fs import MAX_NAME_BYTES
-from orchard.logging import get_logger
-from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.sandbox.exceptions import InvalidSandboxRequestError, SandboxAuthError, SandboxError, SandboxNotFoundError
+from orchard.sandbox.safe_fs import MAX_NAME_BYTES
 
 T = TypeVar("T")
 PTY_READ_TIMEOUT_S = 0.25
@@ -66,7 +66,7 @@ CLIENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.E2BIG, errno.EILSEQ})
 CLIENT_VALUE_ERRORS = ("embedded null byte", "illegal environment variable name", "Port out of range")
 """Messages of the ``ValueError``s that ``subprocess``, ``os`` and ``urllib`` raise for bad input."""
 
-log = get_logger("orchard.env.api")
+log = get_logger("orchard.sandbox.api")
 
 
 class _Blocking:

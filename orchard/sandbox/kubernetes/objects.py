@@ -48,8 +48,8 @@ from typing import Literal
 from kubernetes import client
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchard.env.exceptions import InvalidSandboxRequestError, PathEscapeError
 from orchard.sandbox import FileEntry, SandboxSpec
+from orchard.sandbox.exceptions import InvalidSandboxRequestError, PathEscapeError
 
 LABEL_RUN = "orchard.dev/run"
 LABEL_EPISODE = "orchard.dev/episode"

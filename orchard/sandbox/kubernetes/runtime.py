@@ -20,7 +20,7 @@ or busybox 1.30+), ``tar`` (``source_dir``), GNU ``find`` (``list_files``) and `
 
 ``stream`` swaps its ``ApiClient``'s ``call_api`` while it opens a WebSocket, which breaks concurrent calls
 on the same client; execs therefore use an ``ApiClient`` per thread, apart from the one of plain API calls.
-Errors are those of ``orchard.env.exceptions`` (the local runtime raises the same), plus ``KubernetesRuntimeError``
+Errors are those of ``orchard.sandbox.exceptions`` (the local runtime raises the same), plus ``KubernetesRuntimeError``
 for what the cluster refused or failed.
 """
 
@@ -48,7 +48,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream as kube_stream
 from pydantic import ValidationError
 
-from orchard.env.exceptions import (
+from orchard.logging import get_logger
+from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.sandbox.exceptions import (
     InvalidSandboxRequestError,
     SandboxError,
     SandboxExistsError,
@@ -56,7 +58,7 @@ from orchard.env.exceptions import (
     SandboxNotFoundError,
     SandboxStartError,
 )
-from orchard.env.k8s_objects import (
+from orchard.sandbox.kubernetes.objects import (
     ANNOTATION_EXPIRES_AT,
     ANNOTATION_SPEC,
     CONTAINER_NAME,
@@ -83,9 +85,7 @@ from orchard.env.k8s_objects import (
     secret_name,
     workspace_path,
 )
-from orchard.env.workspace import GIT_IDENTITY
-from orchard.logging import get_logger
-from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
+from orchard.sandbox.workspace import GIT_IDENTITY
 
 __all__ = [
     "KubernetesRuntime",

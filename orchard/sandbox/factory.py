@@ -1,7 +1,7 @@
 """The sandbox runtime seam: a config union keyed by ``type`` and ``open_runtime`` beside the interface.
 
-The interface is ``orchard.sandbox.Runtime``; the backends are ``local`` (``orchard.env.local_runtime``: process
-trees in namespaces on this machine) and ``kubernetes`` (``orchard.env.kubernetes_runtime``: one Pod per episode).
+The interface is ``orchard.sandbox.Runtime``; the backends are ``local`` (``orchard.sandbox.local.runtime``: process
+trees in namespaces on this machine) and ``kubernetes`` (``orchard.sandbox.kubernetes.runtime``: one Pod per episode).
 ``orchard env serve --runtime local|kubernetes [--runtime-config FILE]`` builds the config and opens the runtime
 through ``open_runtime``; so does anything else that runs sandboxes.
 """
@@ -16,9 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from orchard.config import describe_validation_error
-from orchard.env.k8s_objects import KubernetesRuntimeConfig
 from orchard.exceptions import ConfigError
 from orchard.sandbox import Runtime
+from orchard.sandbox.kubernetes.objects import KubernetesRuntimeConfig
 
 
 class LocalRuntimeConfig(BaseModel):
@@ -61,9 +61,9 @@ def open_runtime(
     """The runtime ``config`` names. ``sandboxes``, ``hidden_paths`` and ``shared_paths`` are the local runtime's
     (pods never see this machine's files)."""
     if isinstance(config, LocalRuntimeConfig):
-        from orchard.env.local_runtime import LocalRuntime
+        from orchard.sandbox.local.runtime import LocalRuntime
 
         return LocalRuntime(sandboxes, hidden_paths=list(hidden_paths), shared_paths=list(shared_paths))
-    from orchard.env.kubernetes_runtime import KubernetesRuntime
+    from orchard.sandbox.kubernetes.runtime import KubernetesRuntime
 
     return KubernetesRuntime(config)
