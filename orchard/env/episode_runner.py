@@ -40,6 +40,7 @@ import httpx
 from orchard.bus import Producer
 from orchard.clock import now_ms
 from orchard.codec import Codec
+from orchard.env.exceptions import InvalidEpisodeError
 from orchard.env.scheduler import Episode, EpisodeState, EventSink, InfrastructureError
 from orchard.env.tasks import Grade, TaskCatalog, TaskSpec, grade
 from orchard.exceptions import OrchardError
@@ -54,7 +55,6 @@ from orchard.harnesses.base import (
 )
 from orchard.logging import get_logger
 from orchard.sandbox import Runtime, Sandbox, SandboxSpec
-from orchard.sandbox.exceptions import InvalidEpisodeError
 from orchard.topics import OUTCOMES
 
 log = get_logger("env.episode")

@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchard.env.exceptions import InvalidEpisodeError
 from orchard.env.scheduler import EpisodeState, Scheduler
 from orchard.exceptions import OrchardError
 from orchard.sandbox.api import LastLineOfDefence
-from orchard.sandbox.exceptions import InvalidEpisodeError
 
 
 class EpisodeSubmission(BaseModel):

@@ -69,11 +69,6 @@ class SandboxStartError(SandboxError):
     code = "sandbox_start_failed"
 
 
-class InvalidEpisodeError(OrchardError):
-    """A submitted episode that could never run (an unknown task or harness, harness options the adapter refuses):
-    the Env refuses it at submission, before any episode exists."""
-
-
 ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
     cls.code: cls
     for cls in (

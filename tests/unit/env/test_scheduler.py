@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from orchard.env.exceptions import InvalidEpisodeError
 from orchard.env.scheduler import Episode, EpisodeState, EventSink, InfrastructureError, Scheduler
 from orchard.exceptions import OrchardError
-from orchard.sandbox.exceptions import InvalidEpisodeError
 
 
 class ScriptedRunner:

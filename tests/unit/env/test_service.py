@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
+from orchard.env.exceptions import InvalidEpisodeError
 from orchard.env.scheduler import Episode, EpisodeState, EventSink, Scheduler
 from orchard.env.service import create_env_app
-from orchard.sandbox.exceptions import InvalidEpisodeError
 
 TOKEN = "s3cret-token"  # noqa: S105 - a test token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
