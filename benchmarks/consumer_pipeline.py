@@ -21,6 +21,13 @@ the assembler's trajectories, offered at the same rate), per backend, and the hi
 
     python benchmarks/consumer_pipeline.py [--episodes 200] [--skip-kafka]
     python benchmarks/consumer_pipeline.py --episodes-per-s 10 [--duration-s 15] [--max-rate 640] [--skip-kafka]
+    python benchmarks/consumer_pipeline.py --instances 1,2,4 [--episodes 400] [--partitions 8] [--skip-kafka]
+
+With ``--instances`` it measures scale-out instead: the sample builder as 1, 2, 4... processes of one consumer group
+(``orchard consumer run sample-builder``), over the same assembled trajectories on a topic of ``--partitions``
+partitions. Every instance has joined and holds its partitions before the input is written; the time is from the
+first trajectory written to the group's committed offsets reaching the end of the input. It prints episodes/s and
+the speed-up over one instance.
 """
 # ruff: noqa: E402  (the script's own folder leaves sys.path before the `consumers` package is imported)
 
@@ -34,7 +41,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse
 import importlib.util
+import json
 import os
+import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -206,9 +216,11 @@ class EpisodePool:
 
 
 def make_episodes_from(first: int, end: int) -> list[SyntheticEpisode]:
+    """Episodes ``first..end-1``: rollout groups of 8 on a task of their own, rewards mixed within each group."""
     return [
         synthetic_episode(
-            f"bench-{i}", calls=CALLS, seed=i, first_prompt_tokens=2000, completion_tokens=250, tool_output_tokens=400
+            f"bench-{i}", calls=CALLS, seed=i, first_prompt_tokens=2000, completion_tokens=250, tool_output_tokens=400,
+            task_id=f"bench-task-{i // 8}", group_id=f"bench-group-{i // 8}", reward=float(i % 2),
         )  # fmt: skip
         for i in range(first, end)
     ]
@@ -365,8 +377,19 @@ def main() -> None:
     parser.add_argument("--episodes-per-s", type=float, help="Offer a steady load, from this rate up (doubling).")
     parser.add_argument("--duration-s", type=float, default=15.0, help="How long each rate is offered.")
     parser.add_argument("--max-rate", type=float, default=640.0, help="The highest rate offered.")
+    parser.add_argument("--instances", help="Scale-out: comma-separated sample-builder instance counts, e.g. 1,2,4.")
+    parser.add_argument("--partitions", type=int, default=8, help="Scale-out: partitions of the trajectories topic.")
     args = parser.parse_args()
     configure_logging("console", "WARNING")
+    if args.instances is not None:
+        try:
+            counts = [int(n) for n in args.instances.split(",")]
+        except ValueError:
+            parser.error(f"--instances is a comma-separated list of integers, not {args.instances!r}")
+        if not counts or min(counts) < 1 or args.partitions < max(counts):
+            parser.error("--instances must be >= 1 each and at most --partitions")
+        main_scaling(args, counts)
+        return
     if args.episodes_per_s is not None:
         if args.episodes_per_s <= 0 or args.duration_s <= 0:
             parser.error("--episodes-per-s and --duration-s must be > 0")
@@ -432,6 +455,97 @@ def main_sustained(args: argparse.Namespace) -> None:
         bus = open_bus(EmbeddedBusConfig(path=Path(directory)))
         rows += sustained("embedded", bus, pool, args.episodes_per_s, args.max_rate, args.duration_s)
     print_sustained(rows)
+
+
+def bus_env(config: BusConfig) -> dict[str, str]:
+    """The environment that points ``orchard consumer run`` at ``config``'s bus."""
+    env = {**os.environ, "ORCHARD_LOG_FORMAT": "json", "ORCHARD_LOG_LEVEL": "INFO",
+           "ORCHARD_CONSUMERS__RUNTIME__PROGRESS_INTERVAL_S": "3600"}  # fmt: skip
+    if isinstance(config, EmbeddedBusConfig):
+        return env | {"ORCHARD_BUS__TYPE": "embedded", "ORCHARD_BUS__PATH": str(config.path)}
+    assert isinstance(config, KafkaBusConfig)
+    return env | {"ORCHARD_BUS__TYPE": "kafka", "ORCHARD_BUS__BOOTSTRAP_SERVERS": config.bootstrap_servers,
+                  "ORCHARD_BUS__MAX_RECORD_BYTES": str(config.max_record_bytes)}  # fmt: skip
+
+
+def owned_partitions(log: Path) -> list[int]:
+    """The partitions an instance's latest state restore covered (empty before its first)."""
+    owned: list[int] = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{") and '"state restored"' in line:
+            owned = sorted(json.loads(line)["partitions"])
+    return owned
+
+
+def scale_out(label: str, bus: Bus, config: BusConfig, trajectories: list[tuple[bytes, bytes | None]],
+              count: int, partitions: int, work: Path) -> float:  # fmt: skip
+    """Seconds ``count`` sample-builder processes of one group take over ``trajectories`` (see the docstring)."""
+    namespace = f"scale{count}-{uuid.uuid4().hex[:6]}"
+    for topic in ("trajectories", "scores", "samples"):
+        bus.create_topic(f"{namespace}.{topic}", partitions, exist_ok=True)
+    logs = [work / f"{namespace}-{i}.log" for i in range(count)]
+    command = [str(Path(sys.executable).parent / "orchard"), "consumer", "run", "sample-builder", "--namespace",
+               namespace]  # fmt: skip
+    processes = [subprocess.Popen([*command, "--instance", f"i{i}"], env=bus_env(config), stdout=subprocess.DEVNULL,
+                                  stderr=log.open("w")) for i, log in enumerate(logs)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while sorted(p for log in logs for p in owned_partitions(log)) != list(range(partitions)) or not all(
+            owned_partitions(log) for log in logs
+        ):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+                raise RuntimeError(f"{label}: {count} instances did not share the partitions: {logs[0].read_text()}")
+            time.sleep(0.05)
+        producer = bus.producer()
+        started = time.perf_counter()
+        for value, key in trajectories:
+            producer.produce(f"{namespace}.trajectories", value, key)
+        producer.flush(120)
+        producer.close()
+        group, topic = f"{namespace}.sample-builder", f"{namespace}.trajectories"
+        while sum(o for tp, o in bus.committed_offsets(group).items() if tp.topic == topic) < len(trajectories):
+            if time.perf_counter() - started > 600 or any(p.poll() is not None for p in processes):
+                raise RuntimeError(f"{label}: {count} instances did not finish: {logs[0].read_text()[-2000:]}")
+            time.sleep(0.01)
+        return time.perf_counter() - started
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(60)
+
+
+def main_scaling(args: argparse.Namespace, counts: list[int]) -> None:
+    """The sample builder as 1, 2, 4... instances per backend; the table of episodes/s and speed-ups."""
+    episodes = make_episodes(args.episodes)
+    rows: list[tuple[str, int, float]] = []
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        configs: list[tuple[str, BusConfig, Callable[[], None]]] = []
+        if not args.skip_kafka:
+            bootstrap, stop = start_kafka()
+            configs.append(("kafka", KafkaBusConfig(bootstrap_servers=bootstrap, max_record_bytes=4_000_000), stop))
+        configs.append(("embedded", EmbeddedBusConfig(path=work / "bus"), lambda: None))
+        for label, config, stop in configs:
+            try:
+                bus = open_bus(config)
+                trajectories = trajectories_of(bus, episodes)
+                for count in counts:
+                    console.print(f"[dim]{label}: {count} sample-builder instance(s)[/]")
+                    rows.append((label, count, scale_out(label, bus, config, trajectories, count, args.partitions,
+                                                         work)))  # fmt: skip
+                bus.close()
+            finally:
+                stop()
+    table = Table(title=f"Sample builder scale-out: {args.episodes} episodes x {CALLS} calls, "
+                        f"{args.partitions} partitions, {os.cpu_count()} cores")  # fmt: skip
+    for column in ("backend", "instances", "seconds", "episodes/s", "vs 1 instance"):
+        table.add_column(column, justify="left" if column == "backend" else "right")
+    single = {label: seconds for label, count, seconds in rows if count == min(counts)}
+    for label, count, seconds in rows:
+        table.add_row(label, str(count), f"{seconds:.2f}", f"{args.episodes / seconds:,.1f}",
+                      f"{single[label] / seconds:.2f}x")  # fmt: skip
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ further (the runtime passes stream time in replays, the wall clock when idle), w
 closes timed-out groups and score waits without new input. Expired bookkeeping (scores whose trajectory never came,
 remembered emitted episodes) is dropped after ``orphan_score_ms`` / ``dedupe_window_ms`` of event time.
 
-Scaling note: a group's members and their scores must reach the same instance. With one instance (the default)
-that always holds; to run several, the ``trajectories`` and ``scores`` topics must be partitioned by the group key.
+Scaling: a group's members and their scores must reach the same instance. ``trajectories`` and ``scores`` are keyed
+by task (``orchard.episode_groups.stream_key``) and the bus's groups hand partition *p* of both topics to one member,
+so several instances of one consumer group share the work by task.
 """
 
 from __future__ import annotations
