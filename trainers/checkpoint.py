@@ -47,6 +47,11 @@ Offsets = dict[str, dict[int, int]]
 """topic -> partition -> next offset to read."""
 
 
+def copy_offsets(offsets: Offsets) -> Offsets:
+    """A copy that shares no dict with ``offsets``."""
+    return {topic: dict(parts) for topic, parts in offsets.items()}
+
+
 @dataclass
 class TrainerState:
     """The plain-data part of a checkpoint."""

@@ -14,11 +14,17 @@ timing rules. Its trainer:
 So which samples a stage trains, their order and its number of steps depend on the samples alone: the steps of a
 pass follow from the samples' lengths and ``batch_tokens * grad_accum`` (and from staleness, judged against versions
 that follow the steps too), capped by ``max_steps``. A stage holds its samples in memory while it trains.
+
+``CompleteSource`` is the trainer's ``SampleSource`` for such a stage: it replaces the stream's polling and every
+idle rule; each pass queues the samples in its order and forms steps from that queue as a stream does, its last step
+partial. Offsets stay at the stage's start until the stage is over; the checkpoint counts the samples of the pass
+trained (``pass_position``).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -26,9 +32,12 @@ import numpy as np
 
 from orchard.bus import Bus, Consumer, Record, TopicPartition
 from orchard.bus.base import poll_through_self_fence
+from orchard.bus.dead_letter import DeadLetterRouter
 from orchard.logging import get_logger
-from trainers.checkpoint import Offsets
+from trainers.checkpoint import Offsets, copy_offsets
 from trainers.exceptions import TrainerError
+from trainers.intake import SampleIntake
+from trainers.sample_source import Queued, SampleSource, Step
 
 log = get_logger("trainers.stage_input")
 
@@ -109,3 +118,63 @@ def pass_order(items: Sequence[T], order: Literal["shuffle", "key"], seed: int, 
         return list(items)
     permutation = np.random.default_rng([seed, pass_index]).permutation(len(items))
     return [items[int(i)] for i in permutation]
+
+
+class CompleteSource(SampleSource):
+    """Steps from a complete input (``input: complete``): the stage's samples read first, then each pass's order."""
+
+    def steps(self, consumer: Consumer, router: DeadLetterRouter, intake: SampleIntake) -> Iterator[Step]:
+        """Read the stage's samples, then yield the steps of each pass over them, each full but the pass's last."""
+        items = self._read_stage(consumer, router, intake)
+        while not self.done():
+            order = pass_order(items, self.config.order, self.config.seed, self.epoch)
+            self._queue = deque(order[self.pass_position :])
+            if not self._queue:
+                self._end_pass()
+            while self._queue and not self.done() and (step := self._form_step(full_only=False)) is not None:
+                yield step
+
+    def settle(self, step: Step, consumer: Consumer) -> None:
+        """Count the step's samples into the pass; end the pass when its queue is empty, the stage at ``max_steps``."""
+        self.pass_position += len(step.consumed)
+        if not self._queue:
+            self._end_pass()
+        if self.at_max_steps() and not self.stage_done:
+            self._end_stage()
+
+    def _end_pass(self) -> None:
+        self.epoch, self.pass_position = self.epoch + 1, 0
+        self.passes_done += 1
+        log.info("pass over the stage's samples done", epoch=self.epoch, of=self.config.epochs,
+                 step=self.trainer_step())  # fmt: skip
+        if self.epoch >= self.config.epochs:
+            self._end_stage()
+
+    def _read_stage(self, consumer: Consumer, router: DeadLetterRouter, intake: SampleIntake) -> list[Queued]:
+        """Every valid sample of the stage, once each, in key order (a restart reads them quietly: judged before)."""
+        resumed = self.epoch_end is not None
+        ends = self.epoch_end or self.config.input_end
+        start, end = stage_bounds(self.bus, consumer, self.config.topic, self.epoch_start, ends)
+        self.epoch_start, self.epoch_end = _by_topic(start), _by_topic(end)
+        self.consumed = copy_offsets(self.epoch_start)  # offsets stay at the stage's start until it is over
+        items = []
+        for record in read_to_end(consumer, end, self.config.poll_timeout_s):
+            sample = intake.retake(record) if resumed else self._take(record, router, intake)
+            if sample is not None:
+                items.append(Queued(record.topic_partition, record.offset, sample))
+        kept = unique_sorted(items, _item_key, lambda item: item.sample.sample_id if item.sample else "")
+        log.info("stage samples read", samples=len(kept), duplicates=len(items) - len(kept), start=self.epoch_start,
+                 end=self.epoch_end, epoch=self.epoch, pass_position=self.pass_position)  # fmt: skip
+        return kept
+
+
+def _by_topic(offsets: Bounds) -> Offsets:
+    grouped: Offsets = {}
+    for tp, offset in offsets.items():
+        grouped.setdefault(tp.topic, {})[tp.partition] = offset
+    return grouped
+
+
+def _item_key(item: Queued) -> tuple[Any, ...]:
+    """Key order, then the first delivery of a sample id (lowest partition and offset) first."""
+    return (item.sample.key if item.sample else ("", "", ""), item.tp.partition, item.offset)

@@ -2,14 +2,20 @@
 
 The record is sent only after the manifest exists, so an engine that sees the record can always fetch the
 version; the record carries the sha256 of the manifest document, which lists every file's own sha256.
+
+A version re-published after a crash (the previous process published it after its last checkpoint) already exists
+in the store: ``publish_weights`` keeps the stored files and announces the version again (engines ignore versions
+that are not newer than the one they serve).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchard.artifacts import policy_artifact_name
 from orchard.bus import Producer
@@ -20,7 +26,46 @@ from orchard.store import ArtifactStore, Manifest
 from orchard.store.versions import manifest_key
 from orchard.topics import POLICY_VERSIONS
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = get_logger("trainers.weights")
+
+
+def publish_weights(
+    store: ArtifactStore,
+    producer: Producer,
+    export: Callable[[Path], dict[str, Path]],
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    scratch: Path,
+    run_id: str,
+    model: str,
+    version: int,
+    step: int,
+    metrics: Mapping[str, float],
+    codec: Codec,
+) -> None:
+    """Publish a trainer's weights as ``version``: ``export`` writes them (the tokenizer is saved beside them) into a
+    directory under ``scratch``, which is uploaded and announced; a version already in the store is announced again."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"export-v{version}-", dir=scratch))
+    try:
+        name = policy_artifact_name(run_id, model)
+        if store.exists(manifest_key(name, version)):
+            announce_published_version(store, producer, run_id=run_id, model=model, version=version, step=step,
+                                       codec=codec)  # fmt: skip
+        else:
+            files = export(work)
+            if tokenizer is not None:  # AutoTokenizer loads a published version as AutoModel does
+                tokenizer.save_pretrained(work)
+                files = {p.name: p for p in sorted(work.iterdir()) if p.is_file()}
+            publish_policy_version(
+                store, producer, run_id=run_id, model=model, version=version, files=files, trainer_step=step,
+                metrics=metrics, codec=codec,
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def publish_policy_version(
