@@ -195,3 +195,13 @@ class TorchBackend:
         """``save_pretrained`` into ``directory`` (config.json, generation_config.json, model.safetensors)."""
         self.module.save_pretrained(directory)
         return {p.name: p for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def open_backend(model: PreTrainedModel, config: PolicyTrainerConfig, device: torch.device) -> TrainingBackend:
+    """The training backend ``config.backend`` names, holding ``model`` on ``device``: ``torch`` (AdamW here) or
+    ``deepspeed`` (ZeRO, ``trainers.deepspeed_backend``; imported only when chosen, as its package is optional)."""
+    if config.backend == "deepspeed":
+        from trainers.deepspeed_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend(model, config, device)
+    return TorchBackend(model, config, device)

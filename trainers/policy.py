@@ -37,7 +37,7 @@ from orchard.config import OrchardConfig
 from orchard.logging import get_logger
 from orchard.store import ArtifactStore, open_store
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
-from trainers.backend import TorchBackend, TrainingBackend, load_policy_model, load_policy_tokenizer, resolve_device
+from trainers.backend import TrainingBackend, load_policy_model, load_policy_tokenizer, open_backend, resolve_device
 from trainers.batching import PackedBatch, pack_step
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.config import PolicyTrainerConfig
@@ -215,12 +215,7 @@ class PolicyTrainer:
             reference = load_policy_model(self.config.model).to(self.device).eval()
             reference.requires_grad_(False)
             self.reference = reference
-        if self.config.backend == "deepspeed":
-            from trainers.deepspeed_backend import DeepSpeedBackend
-
-            self.backend = DeepSpeedBackend(model, self.config, self.device)
-        else:
-            self.backend = TorchBackend(model, self.config, self.device)
+        self.backend = open_backend(model, self.config, self.device)
 
     def _create_topics(self) -> None:
         for topic in (self.config.topic, POLICY_VERSIONS, DEAD_LETTERS):
