@@ -494,7 +494,8 @@ def scale_out(label: str, bus: Bus, config: BusConfig, trajectories: list[tuple[
             owned_partitions(log) for log in logs
         ):
             if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-                raise RuntimeError(f"{label}: {count} instances did not share the partitions: {logs[0].read_text()}")
+                tails = [(p.poll(), log.read_text()[-1500:]) for p, log in zip(processes, logs, strict=True)]
+                raise RuntimeError(f"{label}: {count} instances did not share the partitions: {tails}")
             time.sleep(0.05)
         producer = bus.producer()
         started = time.perf_counter()
@@ -505,7 +506,8 @@ def scale_out(label: str, bus: Bus, config: BusConfig, trajectories: list[tuple[
         group, topic = f"{namespace}.sample-builder", f"{namespace}.trajectories"
         while sum(o for tp, o in bus.committed_offsets(group).items() if tp.topic == topic) < len(trajectories):
             if time.perf_counter() - started > 600 or any(p.poll() is not None for p in processes):
-                raise RuntimeError(f"{label}: {count} instances did not finish: {logs[0].read_text()[-2000:]}")
+                tails = [(p.poll(), log.read_text()[-1500:]) for p, log in zip(processes, logs, strict=True)]
+                raise RuntimeError(f"{label}: {count} instances did not finish: {tails}")
             time.sleep(0.01)
         return time.perf_counter() - started
     finally:
