@@ -25,8 +25,9 @@ the assembler's trajectories, offered at the same rate), per backend, and the hi
 
 With ``--instances`` it measures scale-out instead: the sample builder as 1, 2, 4... processes of one consumer group
 (``orchard consumer run sample-builder``), over the same assembled trajectories on a topic of ``--partitions``
-partitions. Every instance has joined and holds its partitions before the input is written; the time is from the
-first trajectory written to the group's committed offsets reaching the end of the input. It prints episodes/s and
+partitions. Every instance has joined and holds its partitions; they are paused (SIGSTOP) while the input is
+written, then resumed, and the time is from the resume to the group's committed offsets reaching the end of the
+input (the pause is shorter than a session, so no member loses its partitions). It prints episodes/s and
 the speed-up over one instance.
 """
 # ruff: noqa: E402  (the script's own folder leaves sys.path before the `consumers` package is imported)
@@ -497,12 +498,16 @@ def scale_out(label: str, bus: Bus, config: BusConfig, trajectories: list[tuple[
                 tails = [(p.poll(), log.read_text()[-1500:]) for p, log in zip(processes, logs, strict=True)]
                 raise RuntimeError(f"{label}: {count} instances did not share the partitions: {tails}")
             time.sleep(0.05)
+        for process in processes:  # the input is written while they are paused, so the time is theirs alone
+            process.send_signal(signal.SIGSTOP)
         producer = bus.producer()
-        started = time.perf_counter()
         for value, key in trajectories:
             producer.produce(f"{namespace}.trajectories", value, key)
         producer.flush(120)
         producer.close()
+        started = time.perf_counter()
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
         group, topic = f"{namespace}.sample-builder", f"{namespace}.trajectories"
         while sum(o for tp, o in bus.committed_offsets(group).items() if tp.topic == topic) < len(trajectories):
             if time.perf_counter() - started > 600 or any(p.poll() is not None for p in processes):
