@@ -170,20 +170,10 @@ and ``tiny-llama-32k`` (a 32768-token context for real coding harnesses: opencod
 this tokenizer; Claude Code's is ~43k, ~31.5k with its cron, workflow, web-fetch, bundled-skill and background-task
 switches off, see ``benchmarks/harness_local_engine.py``)."""
 
-DIGITS = "individual"
-"""How the tokenizer splits numbers: one token per digit, never merged with the space before it or with each other.
-
-With merges, a value's first digit was sometimes a space-digit token (``' 1'``, ``' 3'``, ``' 4'``: the corpus's
-``x: 1`` and ``echo 42`` made them) and sometimes a space then a bare digit (``5``-``9``). The file-lookup recipe's
-tiny model copied bare digits from a tool result almost perfectly and never learned to tell the space-digit tokens
-apart: greedy decoding wrote ``' 2'`` for every value starting with 1, 2, 3 or 4, exactly the third of the held-out
-tasks it failed (README of the recipe, stop 26). Llama 3 and Qwen2 split digits one by one for the same reason."""
-
 TOKENIZER_REVISION = hashlib.sha256(
-    (tokenizer_corpus() + str(max(spec.max_position_embeddings for spec in TINY_MODELS.values())) + DIGITS).encode()
+    (tokenizer_corpus() + str(max(spec.max_position_embeddings for spec in TINY_MODELS.values()))).encode()
 ).hexdigest()[:8]
-"""Part of a cached checkpoint's directory name: a new corpus, context length or digit split never reuses an old
-build."""
+"""Part of a cached checkpoint's directory name: a new corpus or context length never reuses an old build."""
 
 
 def is_tiny_name(model: str) -> bool:
@@ -194,9 +184,7 @@ def is_tiny_name(model: str) -> bool:
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """The family's tokenizer: byte-level BPE trained on the built-in corpus, ChatML specials, the chat template."""
     core = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    digits = pre_tokenizers.Digits(individual_digits=True)  # one token per digit (DIGITS)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    core.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
     core.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(

@@ -175,11 +175,3 @@ def test_the_built_in_agents_preamble_is_a_few_hundred_tokens() -> None:
     assert len(preamble) < 360
     assert tokenizer.tokenize(' "shell", "arguments"') == ['Ġ"', "shell", '",', 'Ġ"', "arguments", '"']
 
-
-@pytest.mark.parametrize("text", ["x: 163\n", "echo 421 > answer.txt", '{"command": "echo 100 > a"}', "z: 307", "42"])
-def test_every_digit_is_a_token_of_its_own_whatever_comes_before_it(text: str) -> None:
-    tokenizer = build_tiny_tokenizer()
-    pieces = [tokenizer.decode([i]) for i in tokenizer(text)["input_ids"]]
-    digit_pieces = [p for p in pieces if any(c.isdigit() for c in p)]
-    assert digit_pieces == [c for c in text if c.isdigit()]  # a value is copied digit by digit, the first included
-    assert "".join(pieces) == text
