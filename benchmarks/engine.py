@@ -88,7 +88,8 @@ def start_server(work: Path, checkpoint: Path, args: argparse.Namespace) -> tupl
     code = (
         "import json, sys\n"
         "from orchard.config import OrchardConfig\n"
-        "from orchard.engines.config import EngineConfig, serve_engine\n"
+        "from orchard.engines.config import EngineConfig\n"
+        "from orchard.engines.server import serve_engine\n"
         "from orchard.logging import configure_logging\n"
         "configure_logging('console', 'WARNING')\n"
         "serve_engine(EngineConfig.model_validate_json(sys.argv[1]), OrchardConfig(**json.loads(sys.argv[2])))\n"

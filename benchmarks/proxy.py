@@ -61,9 +61,10 @@ FINAL_TEXT = "I ran the tests and inspected the parser; the fix strips whitespac
 BACKEND_CODE = """
 import sys
 from orchard.logging import configure_logging
-from orchard.engines.scripted import serve_scripted
+from orchard.engines.config import ScriptedEngineConfig
+from orchard.engines.server import serve_engine
 configure_logging("json", "WARNING")
-serve_scripted(sys.argv[1], port=int(sys.argv[2]), policy_version=1)
+serve_engine(ScriptedEngineConfig(plan=sys.argv[1], port=int(sys.argv[2]), policy_version=1))
 """
 PROXY_CODE = """
 import sys

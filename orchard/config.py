@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -47,6 +47,11 @@ class _Strict(BaseModel):
 
 def _tag(variant: type[BaseModel]) -> str:
     return str(variant.model_fields["type"].default)
+
+
+def _tags(variant: type[BaseModel]) -> list[str]:
+    """Every ``type`` a variant takes (one model may cover several, as ``local`` and ``vllm`` engines)."""
+    return [str(tag) for tag in get_args(variant.model_fields["type"].annotation)] or [_tag(variant)]
 
 
 def default_type(*variants: type[BaseModel]) -> BeforeValidator:
@@ -89,7 +94,8 @@ def _missing_type(given: list[str], variants: tuple[type[BaseModel], ...], field
         verb = "is a setting" if len(unknown) == 1 else "are settings"
         what = f"{', '.join(unknown)} {verb} of no type" if unknown else f"no type has all of {', '.join(given)}"
         hint = "set type" + (f" (environment: {env})" if env else "") + " and only that type's settings"
-    allowed = ", ".join([f"{tags[0]!r} (the default)", *map(repr, tags[1:])])
+    others = [tag for v in variants for tag in _tags(v) if tag != tags[0]]
+    allowed = ", ".join([f"{tags[0]!r} (the default)", *map(repr, others)])
     return PydanticCustomError(
         "missing_type",
         "'type' is missing: {what}; {hint}; allowed types: {allowed}",

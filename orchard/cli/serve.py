@@ -63,7 +63,8 @@ def engine_serve(
     ),
 ) -> None:
     """Serve a model over the OpenAI API with token traces (CPU or GPU; vLLM on a GPU)."""
-    from orchard.engines.config import EngineConfig, serve_engine
+    from orchard.engines.config import EngineConfig
+    from orchard.engines.server import serve_engine
 
     config = state(ctx).config()
     settings: dict[str, object] = {
@@ -96,9 +97,10 @@ def engine_scripted(
     policy_version: int = typer.Option(0, "--policy-version", min=0),
 ) -> None:
     """Serve the scripted test backend: replays a fixed plan, with token traces."""
-    from orchard.engines.scripted import serve_scripted
+    from orchard.engines.config import ScriptedEngineConfig
+    from orchard.engines.server import serve_engine
 
-    serve_scripted(plan, host, port, policy_version)
+    serve_engine(ScriptedEngineConfig(plan=plan, host=host, port=port, policy_version=policy_version))
 
 
 @proxy_app.command("serve")

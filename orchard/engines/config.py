@@ -1,11 +1,10 @@
-"""``EngineConfig``: how an inference engine is started, in Orchard's typed config system (imports without torch).
-
-``serve_engine(config, orchard_config)`` runs the engine's OpenAI server until interrupted, with hot reload
-of the ``policy-versions`` topic when ``config.policy_updates.enabled``; ``orchard engine serve`` calls it. The
-heavy modules (torch, transformers, the vLLM client) are imported only inside it.
+"""Engine configs, in Orchard's typed config system (imports without torch): ``AnyEngineConfig``, keyed by ``type``.
 
 ``type`` picks the backend: ``local`` (Orchard's own engine, CPU or GPU) or ``vllm`` (an Orchard shim in front of a
-vLLM OpenAI server that Orchard launches, or attaches to with ``vllm.url``; see ``orchard.engines.vllm_backend``).
+vLLM OpenAI server that Orchard launches, or attaches to with ``vllm.url``; see ``orchard.engines.vllm_backend``),
+both ``EngineConfig``, or ``scripted`` (``ScriptedEngineConfig``: replays a plan, for tests and demos).
+``orchard.engines.factory.open_engine`` builds the engine a config names; ``orchard.engines.server.serve_engine``
+serves it until interrupted, with hot reload of the ``policy-versions`` topic when ``policy_updates.enabled``.
 
 .. code-block:: yaml
 
@@ -18,19 +17,20 @@ vLLM OpenAI server that Orchard launches, or attaches to with ``vllm.url``; see 
     type: vllm
     model: /models/Qwen2.5-0.5B-Instruct
     vllm: {gpu_memory_utilization: 0.8, tool_call_parser: hermes, extra_args: ["--enforce-eager"]}
+
+    # the scripted backend:
+    type: scripted
+    plan: plan.yaml
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchard.config import DEFAULT_HOME
-
-if TYPE_CHECKING:
-    from orchard.config import OrchardConfig
+from orchard.config import DEFAULT_HOME, default_type
 
 
 class PolicyUpdatesConfig(BaseModel):
@@ -172,22 +172,21 @@ class EngineConfig(BaseModel):
         return self
 
 
-def serve_engine(config: EngineConfig, orchard_config: OrchardConfig) -> None:
-    """Serve ``config``'s model over the OpenAI API until interrupted (blocking); reload weights if configured."""
-    if config.type == "vllm":
-        from orchard.engines.vllm_backend import serve_vllm
+class ScriptedEngineConfig(BaseModel):
+    """The scripted backend: replays a plan of replies and tool calls, with token traces (no model, no reload)."""
 
-        serve_vllm(config, orchard_config)
-        return
-    import uvicorn
+    model_config = ConfigDict(extra="forbid")
 
-    from orchard.engines.local import LocalEngine
-    from orchard.engines.openai_api import create_engine_app
-    from orchard.engines.reload import open_reloader
-    from orchard.logging import get_logger
+    type: Literal["scripted"] = "scripted"
+    plan: Path = Field(..., description="YAML/JSON plan of replies and tool calls (orchard.engines.scripted).")
+    host: str = Field("127.0.0.1", min_length=1, description="Interface to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0: any free port).")
+    policy_version: int = Field(0, ge=0, description="Policy version every answer's token trace reports.")
 
-    engine = LocalEngine.from_config(config)
-    reloader = open_reloader(engine, config.policy_updates, orchard_config) if config.policy_updates.enabled else None
-    app = create_engine_app(engine, reloader=reloader)
-    get_logger("engines").info("engine serving", host=config.host, port=config.port, model=engine.model_name)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none")
+
+AnyEngineConfig = Annotated[
+    EngineConfig | ScriptedEngineConfig,
+    Field(discriminator="type"),
+    default_type(EngineConfig, ScriptedEngineConfig),
+]
+"""Any engine's config: ``type`` is ``local`` (the default) or ``vllm`` (``EngineConfig``), or ``scripted``."""

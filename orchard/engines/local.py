@@ -1,6 +1,7 @@
 """``LocalEngine``: any Hugging Face causal-LM checkpoint directory served with continuous batching, on CPU or GPU.
 
-It owns the tokenizer (prompts are rendered by the checkpoint's own chat template and tokenized once, here), the
+The ``local`` backend of the engine interface (``orchard.engines.base.Engine``). It owns the tokenizer (prompts
+are rendered by the checkpoint's own chat template and tokenized once, here), the
 weights being served (a ``ServingModel`` with its policy version) and the ``BatchScheduler`` that generates. The
 OpenAI layer (``orchard.engines.openai_api``) turns HTTP requests into ``render_prompt`` + ``submit`` calls, and
 ``/v1/completions`` echo logprobs into ``score`` (one forward pass of a given sequence, ``orchard.engines.scoring``,
@@ -19,7 +20,7 @@ import json
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import torch
@@ -28,13 +29,20 @@ from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from orchard.engines.base import Engine
 from orchard.engines.batching import BatchScheduler, GenerationHandle, ServingModel
 from orchard.engines.config import EngineConfig
 from orchard.engines.exceptions import CheckpointError, ContextLengthError, InvalidRequestError
+from orchard.engines.openai_api import create_engine_app
 from orchard.engines.sampling import SamplingParams
 from orchard.engines.scoring import SequenceScores, score_sequence
 from orchard.engines.tiny import ensure_tiny_checkpoint, is_tiny_name
 from orchard.logging import get_logger
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from orchard.engines.reload import PolicyReloader
 
 log = get_logger("engines.local")
 
@@ -93,7 +101,7 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """A checkpoint served by a batching scheduler; see the module docstring."""
 
     def __init__(
@@ -112,7 +120,7 @@ class LocalEngine:
         policy_version: int = 0,
     ) -> None:
         self.checkpoint = Path(checkpoint)
-        self.model_name = model_name
+        self._model_name = model_name
         self.device = resolve_device(device)
         if cpu_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(cpu_threads)  # process-wide: the engine owns its process's compute
@@ -164,9 +172,18 @@ class LocalEngine:
         )
 
     @property
+    def model_name(self) -> str:
+        """The model id of the API."""
+        return self._model_name
+
+    @property
     def policy_version(self) -> int:
         """The version new requests are served with."""
         return self.scheduler.policy_version
+
+    def create_app(self, reloader: PolicyReloader | None = None) -> FastAPI:
+        """The OpenAI API app serving this engine (``orchard.engines.openai_api``)."""
+        return create_engine_app(self, reloader=reloader)
 
     def start(self) -> None:
         """Start generating."""

@@ -9,9 +9,10 @@ served (only the newest of a polled batch is applied), it:
    this manifest, which lists every file's own sha256);
 2. downloads the version into a temporary directory with ``download_version(verify=True)``: every file's size and
    sha256 are checked as it streams down;
-3. loads the weights into a *new* model instance (``LocalEngine.load_version``: every tensor present, no extra
-   ones, same shapes and vocabulary) and installs it; the scheduler switches between two steps, and requests
-   already running finish on the weights they started with.
+3. hands them to the engine's ``load_version`` (``orchard.engines.base.Engine``): the local engine loads them into a
+   *new* model instance (every tensor present, no extra ones, same shapes and vocabulary) and installs it between
+   two steps, requests already running finishing on the weights they started with; the vLLM backend drains and
+   swaps (``orchard.engines.vllm_backend``).
 
 Any failure (a tampered or partial artifact, a missing manifest, weights that do not load) is logged as an error
 with the version and the reason, counted in ``refused``, and the engine keeps serving the version it had.
@@ -26,11 +27,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from orchard.artifacts import policy_artifact_name
 from orchard.bus import Bus, Consumer, open_bus
 from orchard.codec import Codec
+from orchard.engines.base import Engine
 from orchard.engines.exceptions import EngineError
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
@@ -56,26 +58,13 @@ class ReloadEvent:
     record_received_at: float = field(default_factory=time.time)
 
 
-class ReloadTarget(Protocol):
-    """What the reloader needs of an engine: the version it serves and a way to serve another. ``LocalEngine`` and
-    the vLLM backend (``VLLMBackend``: a hot swap through vLLM's weight-update route) are both one."""
-
-    @property
-    def policy_version(self) -> int:
-        """The policy version being served (0: the starting weights)."""
-        ...
-
-    def load_version(self, directory: Path, version: int) -> None:
-        """Serve the verified weights in ``directory`` as ``version`` (old requests finish on the old weights)."""
-        ...
-
-
 class PolicyReloader:
-    """Applies new policy versions to an engine (``ReloadTarget``); see the module docstring."""
+    """Applies new policy versions to an engine (any ``Engine``: its ``policy_version`` and ``load_version``); see
+    the module docstring."""
 
     def __init__(
         self,
-        engine: ReloadTarget,
+        engine: Engine,
         bus: Bus,
         store: ArtifactStore,
         *,
@@ -221,7 +210,7 @@ class PolicyReloader:
         self.store.download_version(self._artifact, version, target, verify=True)
 
 
-def open_reloader(engine: ReloadTarget, config: PolicyUpdatesConfig, orchard_config: OrchardConfig) -> PolicyReloader:
+def open_reloader(engine: Engine, config: PolicyUpdatesConfig, orchard_config: OrchardConfig) -> PolicyReloader:
     """A reloader on the bus and store of ``orchard_config`` (it closes them when stopped)."""
     bus = open_bus(orchard_config.bus)
     try:

@@ -6,6 +6,8 @@ reason); once the plan is exhausted every request is answered with ``plan.final_
 ``/v1/chat/completions`` and ``/v1/responses`` (both streamed and not), ``/v1/tokenize`` (the prompt token ids of a
 chat body, as the local engine answers it; the plan does not advance) and ``/v1/models``, and every response carries
 the token trace of ``orchard.engines.token_trace``, exactly as a real engine's would.
+``ScriptedEngine`` is the ``scripted`` backend of the engine interface (``orchard.engines.base.Engine``);
+``orchard engine scripted PLAN`` serves it through ``orchard.engines.server.serve_engine``.
 
 The plan's cursor is kept per *plan key*: the request's ``user`` field, else the ``X-Orchard-Plan-Key`` header, else
 the ``X-Orchard-Episode-Id`` header the recording proxy adds, else one global cursor. So concurrent episodes behind
@@ -29,18 +31,23 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json, to_json
 
+from orchard.engines.base import Engine
+from orchard.engines.exceptions import EngineError
 from orchard.engines.token_trace import TokenTrace
 from orchard.logging import get_logger
+
+if TYPE_CHECKING:
+    from orchard.engines.config import ScriptedEngineConfig
+    from orchard.engines.reload import PolicyReloader
 
 log = get_logger("engines.scripted")
 
@@ -484,11 +491,43 @@ def _prompt_ids(items: list[dict[str, Any]], tools: list[Any], tokenizer: TraceT
     return tokenizer.chat_trace_ids(items, tools, {"role": "assistant", "content": ""})[0]
 
 
-def serve_scripted(plan_path: Path | str, host: str = "127.0.0.1", port: int = 8000, policy_version: int = 0) -> None:
-    """Serve the plan in ``plan_path`` until interrupted (for ``orchard engines scripted``-style commands)."""
-    try:
-        plan = ScriptedPlan.from_file(plan_path)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
-        raise ValueError(f"cannot load scripted plan {plan_path}: {exc}") from exc
-    log.info("serving scripted plan", plan=str(plan_path), steps=len(plan.steps), host=host, port=port)
-    uvicorn.run(create_scripted_app(plan, policy_version), host=host, port=port, log_level="warning", ws="none")
+class ScriptedEngine(Engine):
+    """The ``scripted`` backend of the engine interface: a plan replayed at one policy version (no weights)."""
+
+    def __init__(self, plan: ScriptedPlan, policy_version: int = 0, tokenizer: TraceTokenizer | None = None) -> None:
+        self.plan = plan
+        self.tokenizer = tokenizer
+        self._policy_version = policy_version
+
+    @classmethod
+    def from_config(cls, config: ScriptedEngineConfig) -> ScriptedEngine:
+        """The engine replaying the plan in ``config.plan``; ``ValueError`` if it cannot be read."""
+        try:
+            plan = ScriptedPlan.from_file(config.plan)
+        except (OSError, yaml.YAMLError, ValidationError) as exc:
+            raise ValueError(f"cannot load scripted plan {config.plan}: {exc}") from exc
+        log.info("scripted plan loaded", plan=str(config.plan), steps=len(plan.steps))
+        return cls(plan, config.policy_version)
+
+    @property
+    def model_name(self) -> str:
+        """The plan's model id."""
+        return self.plan.model
+
+    @property
+    def policy_version(self) -> int:
+        """The version every answer's trace reports."""
+        return self._policy_version
+
+    def load_version(self, directory: Path, version: int) -> None:
+        """Refused: a plan has no weights to replace."""
+        raise EngineError("the scripted backend replays a plan; it has no weights to load")
+
+    def create_app(self, reloader: PolicyReloader | None = None) -> FastAPI:
+        """``create_scripted_app`` on this plan; a reloader is refused (nothing to reload)."""
+        if reloader is not None:
+            raise EngineError("the scripted backend replays a plan; it cannot follow policy versions")
+        return create_scripted_app(self.plan, self._policy_version, self.tokenizer)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,16 +1,49 @@
-"""Running an engine's app in a background thread (tests, benchmarks, the CPU demo); ``orchard engine serve`` runs
-it in the foreground through ``orchard.engines.config.serve_engine``."""
+"""Serving an engine: in the foreground until interrupted (``serve_engine``, what ``orchard engine serve|scripted``
+run), or its app in a background thread (``serve_in_thread``: tests, benchmarks, the CPU demo)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
+import uvicorn
 from fastapi import FastAPI
 
+from orchard.engines.base import Engine
+from orchard.engines.config import AnyEngineConfig, EngineConfig
+from orchard.engines.factory import open_engine
+from orchard.engines.reload import PolicyReloader, open_reloader
+from orchard.exceptions import ConfigError
 from orchard.http_server import BackgroundServer
+from orchard.logging import get_logger
+
+if TYPE_CHECKING:
+    from orchard.config import OrchardConfig
 
 STARTUP_TIMEOUT_S = 60.0
+
+log = get_logger("engines")
+
+
+def serve_engine(config: AnyEngineConfig, orchard_config: OrchardConfig | None = None) -> None:
+    """Serve the engine ``config`` names over the OpenAI API until interrupted (blocking); with
+    ``policy_updates.enabled``, follow the policy versions of ``orchard_config``'s bus and store."""
+    engine = open_engine(config)
+    try:
+        app = engine.create_app(reloader=_reloader(engine, config, orchard_config))
+        log.info("engine serving", type=config.type, host=config.host, port=config.port, model=engine.model_name)
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none")
+    finally:
+        engine.close()
+
+
+def _reloader(engine: Engine, config: AnyEngineConfig, orchard_config: OrchardConfig | None) -> PolicyReloader | None:
+    if not isinstance(config, EngineConfig) or not config.policy_updates.enabled:
+        return None
+    if orchard_config is None:
+        raise ConfigError("policy_updates.enabled needs the Orchard config (its bus and store)")
+    return open_reloader(engine, config.policy_updates, orchard_config)
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """The vLLM backend: an Orchard shim in front of a vLLM OpenAI server, with token traces and hot weight swaps.
 
-``orchard engine serve --backend vllm`` (``serve_vllm``) launches ``vllm serve`` (``VLLMServer``, or attaches to
-``vllm.url``) and serves Orchard's engine API in front of it (``create_vllm_app``):
+The ``vllm`` backend of the engine interface (``orchard.engines.base.Engine``). ``orchard engine serve --backend vllm``
+opens it with ``open_vllm``, which launches ``vllm serve`` (``VLLMServer``, or attaches to ``vllm.url``), and serves
+Orchard's engine API in front of it (``create_vllm_app``):
 
 - ``/v1/chat/completions`` and ``/v1/responses``, streamed or not: each request is checked as the local engine
   checks it, sent to vLLM's chat completions asking for token ids and logprobs, and answered with the ``orchard``
@@ -43,6 +44,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from orchard.engines.base import Engine
 from orchard.engines.drain_gate import DrainGate
 from orchard.engines.exceptions import (
     CheckpointError,
@@ -61,7 +63,6 @@ from orchard.engines.weights_signature import WeightsSignature, check_compatible
 from orchard.logging import get_logger
 
 if TYPE_CHECKING:
-    from orchard.config import OrchardConfig
     from orchard.engines.config import EngineConfig
     from orchard.engines.reload import PolicyReloader
 
@@ -157,7 +158,7 @@ class VLLMServer:
 
 
 # ---------------------------------------------------------------------------------------------------- the backend
-class VLLMBackend:
+class VLLMBackend(Engine):
     """The shim's state: the vLLM client, the version gate, and the weight-swap orchestration."""
 
     def __init__(
@@ -184,6 +185,7 @@ class VLLMBackend:
         self.drain_timeout_s = drain_timeout_s
         self.reload_timeout_s = reload_timeout_s
         self.broken: str | None = None
+        self.server: VLLMServer | None = None  # the vLLM Orchard launched for this backend; ``close`` stops it
         self._reference: WeightsSignature | None = None
         self._reference_config: dict[str, Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -199,6 +201,16 @@ class VLLMBackend:
     def model_name(self) -> str:
         """The model id of Orchard's API."""
         return self.served_name
+
+    def create_app(self, reloader: PolicyReloader | None = None) -> FastAPI:
+        """The shim's app (``create_vllm_app``)."""
+        return create_vllm_app(self, reloader=reloader)
+
+    def close(self) -> None:
+        """Stop the vLLM server Orchard launched, if any (the app's lifespan closes the client)."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
     async def start(self) -> None:
         """Bind to the running loop and learn vLLM's model id and context length from ``/v1/models``."""
@@ -532,27 +544,18 @@ def resolve_vllm_model(config: EngineConfig) -> tuple[str, Path | None]:
     return config.model, path if path.is_dir() else None
 
 
-def serve_vllm(config: EngineConfig, orchard_config: OrchardConfig) -> None:
-    """Launch or attach to vLLM and serve the shim until interrupted (blocking)."""
-    import uvicorn
-
-    from orchard.engines.reload import open_reloader
-
-    server: VLLMServer | None = None
+def open_vllm(config: EngineConfig) -> VLLMBackend:
+    """Launch vLLM (or attach to ``vllm.url``) and the backend in front of it; ``close()`` stops a launched vLLM."""
     model, local_dir = resolve_vllm_model(config)
-    if config.vllm.url is None:
-        served = config.served_model_name or Path(config.model).name
-        port = config.vllm.port or free_port()
-        server = VLLMServer(vllm_command(config, model, port, served), port).start(config.vllm.startup_timeout_s)
+    if config.vllm.url is not None:
+        return build_backend(config, str(config.vllm.url).rstrip("/"), local_dir)
+    served = config.served_model_name or Path(config.model).name
+    port = config.vllm.port or free_port()
+    server = VLLMServer(vllm_command(config, model, port, served), port).start(config.vllm.startup_timeout_s)
     try:
-        url = server.url if server is not None else str(config.vllm.url).rstrip("/")
-        backend = build_backend(config, url, local_dir)
-        reloader = None
-        if config.policy_updates.enabled:
-            reloader = open_reloader(backend, config.policy_updates, orchard_config)
-        app = create_vllm_app(backend, reloader=reloader)
-        log.info("vLLM engine serving", host=config.host, port=config.port, vllm=url, model=backend.served_name)
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none")
-    finally:
-        if server is not None:
-            server.stop()
+        backend = build_backend(config, server.url, local_dir)
+    except BaseException:
+        server.stop()
+        raise
+    backend.server = server
+    return backend

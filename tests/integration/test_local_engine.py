@@ -719,7 +719,8 @@ def test_serve_engine_runs_a_tiny_name_in_its_own_process(tmp_path: Path) -> Non
     code = (
         "import json, sys\n"
         "from orchard.config import OrchardConfig\n"
-        "from orchard.engines.config import EngineConfig, serve_engine\n"
+        "from orchard.engines.config import EngineConfig\n"
+        "from orchard.engines.server import serve_engine\n"
         "serve_engine(EngineConfig.model_validate_json(sys.argv[1]), OrchardConfig(**json.loads(sys.argv[2])))\n"
     )
     argv = [sys.executable, "-c", code, json.dumps(engine_config), json.dumps(orchard_config)]

@@ -1,15 +1,16 @@
-"""The vLLM backend as ``serve_vllm`` runs it, with a stand-in for ``vllm serve`` (``fake_vllm.py``; no GPU):
+"""The vLLM backend as ``open_vllm`` runs it, with a stand-in for ``vllm serve`` (``fake_vllm.py``; no GPU):
 
 - ``VLLMServer`` launches the command ``vllm_command`` builds, in dev mode, and waits for ``/health``;
 - the shim serves chat (streamed and not) and responses with the trace, through real sockets;
 - hot reload through ``PolicyReloader`` (embedded bus, local store, ``publish_policy_version``): a good version is
   loaded with ``collective_rpc`` and the prefix cache reset; a tampered one (sha256) and an incompatible one (a
   tensor missing) are refused without reaching vLLM, and the version served stays the good one;
-- stopping the server ends the process.
+- stopping the server ends the process; ``open_engine`` launches it and the engine's ``close()`` stops it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -24,10 +25,12 @@ from orchard.artifacts import policy_artifact_name
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.engines.config import EngineConfig
+from orchard.engines.factory import open_engine
 from orchard.engines.reload import PolicyReloader
 from orchard.engines.token_trace import trace_of
 from orchard.engines.vllm_backend import (
     BackendUnavailableError,
+    VLLMBackend,
     VLLMServer,
     build_backend,
     create_vllm_app,
@@ -82,7 +85,7 @@ def test_launched_vllm_serves_through_the_shim_and_hot_reloads_only_verified_ver
     server.start(60)
     try:
         backend = build_backend(config, server.url, base)
-        reloader = PolicyReloader(backend, bus, store, run_id="r1", model="policy", poll_timeout_s=0.1)  # type: ignore[arg-type]
+        reloader = PolicyReloader(backend, bus, store, run_id="r1", model="policy", poll_timeout_s=0.1)
         with (
             BackgroundServer(create_vllm_app(backend, reloader=reloader)) as shim,
             httpx.Client(base_url=shim.url) as http,
@@ -137,6 +140,17 @@ def test_launched_vllm_serves_through_the_shim_and_hot_reloads_only_verified_ver
     assert [next(iter(e)) for e in rpcs] == ["rpc", "reset"]  # only the verified version reached vLLM
     assert rpcs[0]["rpc"]["method"] == "orchard_load_weights"
     assert server.process is not None and server.process.poll() is not None
+
+
+def test_open_engine_launches_vllm_and_close_stops_it(launched: tuple[EngineConfig, VLLMServer, Path]) -> None:
+    config, _, _ = launched
+    engine = open_engine(config)
+    assert isinstance(engine, VLLMBackend) and engine.server is not None
+    process = engine.server.process
+    assert process is not None and process.poll() is None and engine.model_name == "policy"
+    engine.close()
+    assert (process.poll() is not None, engine.server) == (True, None)
+    asyncio.run(engine.client.aclose())
 
 
 def test_a_vllm_that_exits_while_starting_is_reported(tmp_path: Path) -> None:
