@@ -1,7 +1,7 @@
 """The trajectory assembler: joins each episode's ``ModelCall``s and its ``EpisodeOutcome`` into one ``Trajectory``.
 
 Calls and outcomes arrive in any order, interleaved with thousands of other episodes, possibly more than once.
-An episode is emitted (to ``trajectories``, keyed by episode id) exactly once:
+An episode is emitted (to ``trajectories``, keyed by task: ``stream_key``) exactly once:
 
 - **complete**, as soon as its outcome and ``num_model_calls`` distinct calls are there. Distinct calls are
   counted rather than indices 0..n-1 checked, because a call the proxy failed to publish uses up its index

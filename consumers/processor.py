@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -70,6 +71,16 @@ class StateStore(Protocol):
 
     def items(self) -> Iterator[tuple[str, bytes]]:
         """Every key and value (used by ``open`` to rebuild in-memory indexes)."""
+
+    def home(self, key: str) -> int | None:
+        """The input partition whose state ``key`` belongs to (None: not stored, or a store without partitions)."""
+
+    def at_partition(self, partition: int | None) -> AbstractContextManager[None]:
+        """Within it, changes belong to the state of input ``partition`` (None: of the input being processed).
+
+        A change normally belongs to the partition of the input being processed. A timer that fires while another
+        partition's input is processed (a wait or a group timing out) changes the state of the partition it was
+        set for: with several instances, only that partition's owner restores it."""
 
 
 class Processor(ABC):

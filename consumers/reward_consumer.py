@@ -61,7 +61,8 @@ class HeldTrajectory:
 
 
 class RewardConsumer(Processor):
-    """A reward plug-in as a stream processor: ``trajectories`` in, ``scores`` out, keyed by episode id."""
+    """A reward plug-in as a stream processor: ``trajectories`` in, ``scores`` out, keyed by task (as
+    the trajectory)."""
 
     name: ClassVar[str] = "reward"
     input_topics: ClassVar[tuple[str, ...]] = (TRAJECTORIES,)

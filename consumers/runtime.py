@@ -336,7 +336,10 @@ class ConsumerRuntime:
             if spec is not None or topic in self.processor.output_topics or topic == self.dead_letter_topic:
                 self.bus.create_topic(self.physical(topic), spec.partitions if spec else None,
                                       spec.config if spec else None, exist_ok=True)  # fmt: skip
-        partitions = max(self.bus.describe_topic(self.physical(t)).partitions for t in self.processor.input_topics)
+        counts = {t: self.bus.describe_topic(self.physical(t)).partitions for t in self.processor.input_topics}
+        if len(set(counts.values())) > 1:  # one instance copes; several would split a key's records between them
+            self.log.error("input topics differ in partition count: run one instance of this group", counts=counts)
+        partitions = max(counts.values())
         self.bus.create_topic(self.changelog, partitions, {"cleanup.policy": "compact"}, exist_ok=True)
         return self.bus.describe_topic(self.changelog).partitions
 

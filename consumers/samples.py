@@ -163,7 +163,7 @@ class SampleBuilder(Processor):
         self._groups = GroupBuilder(self.config.group_size, self.config.group_timeout_ms, state, prefix=_GROUP)
         self._groups.restore()
         self._clock = 0
-        self._waiting: dict[str, tuple[int, str]] = {}  # episode -> (score deadline, group key)
+        self._waiting: dict[str, tuple[int, str, int | None]] = {}  # episode -> (score deadline, group key, partition)
         self._wait_heap: list[tuple[int, str]] = []
         self._heard: dict[str, dict[str, int | None]] = {}  # episode -> scorer -> when it is done (None: not yet)
         self._settle_heap: list[tuple[int, str]] = []
@@ -185,7 +185,8 @@ class SampleBuilder(Processor):
         if message.schema == "Trajectory":
             # arrival = the clock, not the record's own time: a record from a lagging partition still gets its
             # whole score wait
-            self._on_trajectory(_trajectory_of(message, messages="SFT" in self.config.kinds), self._clock, emit)
+            trajectory = _trajectory_of(message, messages="SFT" in self.config.kinds)
+            self._on_trajectory(trajectory, self._clock, message.partition, emit)
         else:
             self._on_score(message.record, emit)
         self._advance(self._clock, emit)
@@ -195,7 +196,7 @@ class SampleBuilder(Processor):
         self._advance(max(self._clock, now_ms), emit)
 
     # ------------------------------------------------------------------ inputs
-    def _on_trajectory(self, trajectory: Trajectory, arrived_ms: int, emit: Emit) -> None:
+    def _on_trajectory(self, trajectory: Trajectory, arrived_ms: int, partition: int, emit: Emit) -> None:
         episode = trajectory.episode_id
         skip = self._skip_reason(trajectory)
         if skip is not None:
@@ -207,8 +208,8 @@ class SampleBuilder(Processor):
         state.put(_TRAJ + episode, prepared.to_bytes())
         deadline = arrived_ms + self.config.score_wait_ms
         group = group_key(trajectory, self.config.group_by)
-        state.put(_WAIT + episode, json.dumps([deadline, group]).encode())
-        self._index_wait(episode, deadline, group)
+        state.put(_WAIT + episode, json.dumps([deadline, group, partition]).encode())
+        self._index_wait(episode, deadline, group, partition)
         self.stats["trajectories"] += 1
         self._join_if_scored(episode, emit)
 
@@ -285,7 +286,7 @@ class SampleBuilder(Processor):
             heapq.heappush(self._settle_heap, (ready, episode))
 
     def _join(self, episode: str, joined_ms: int, emit: Emit, *, timed_out: bool) -> None:
-        _, group = self._waiting.pop(episode)
+        _, group, home = self._waiting.pop(episode)
         self._store().delete(_WAIT + episode)
         if timed_out:
             heard = self._heard.get(episode, {})
@@ -293,12 +294,18 @@ class SampleBuilder(Processor):
             unfinished = [s for s in self._awaited if s in heard and heard[s] is None]
             self.stats["score_wait_timeouts"] += 1
             log.warning("gave up waiting for scorers", episode_id=episode, missing=missing, unfinished=unfinished)
-        closed = self._groups.add(group, Member(episode, joined_ms))
-        if closed is not None:
-            self._emit_group(closed, emit)
+        with self._store().at_partition(home):  # a timer may join it while another partition's input is handled
+            closed = self._groups.add(group, Member(episode, joined_ms))
+            if closed is not None:
+                self._emit_group(closed, emit)
 
     # ------------------------------------------------------------------ output
     def _emit_group(self, group: ClosedGroup, emit: Emit) -> None:
+        state = self._store()
+        with state.at_partition(state.home(_TRAJ + group.members[0].episode_id)):  # the members' partition
+            self._emit_closed(group, emit)
+
+    def _emit_closed(self, group: ClosedGroup, emit: Emit) -> None:
         state = self._store()
         members = [PreparedTrajectory.from_bytes(_required(state, _TRAJ + m.episode_id)) for m in group.members]
         advantages = group_advantages(
@@ -392,15 +399,16 @@ class SampleBuilder(Processor):
         if key == _CLOCK:
             self._clock = int(value)
         elif key.startswith(_WAIT):
-            deadline, group = json.loads(value)
-            self._index_wait(key[len(_WAIT) :], deadline, group)
+            deadline, group, *partition = json.loads(value)  # stored without its partition before stop 26
+            home = partition[0] if partition else self._store().home(key)
+            self._index_wait(key[len(_WAIT) :], deadline, group, home)
         elif key.startswith(_SCORE):
             self._index_score(key[len(_SCORE) :].rpartition("|")[0], ScoreBook.from_bytes(value))
         elif key.startswith(_DONE):
             self._index_done(key[len(_DONE) :], int(value))
 
-    def _index_wait(self, episode: str, deadline: int, group: str) -> None:
-        self._waiting[episode] = (deadline, group)
+    def _index_wait(self, episode: str, deadline: int, group: str, home: int | None) -> None:
+        self._waiting[episode] = (deadline, group, home)
         heapq.heappush(self._wait_heap, (deadline, episode))
 
     def _index_score(self, episode: str, book: ScoreBook) -> None:

@@ -4,13 +4,14 @@ in the same transaction as the outputs and input offsets it goes with, and resto
 Layout of the changelog (``<group>.changelog``, one partition per input partition, compacted on Kafka):
 
 - a change made while processing an input from partition *p* is written to changelog partition *p*, so an
-  instance restores exactly the state of the input partitions it owns (inputs keyed by episode id, with the
-  same partition count, are co-partitioned: partition *p* of ``model-calls`` and of ``outcomes`` holds the
-  same episodes);
+  instance restores exactly the state of the input partitions it owns (co-keyed inputs with the same partition
+  count are co-partitioned: partition *p* of ``model-calls`` and of ``outcomes`` holds the same episodes, of
+  ``trajectories`` and ``scores`` the same tasks);
 - a key lives in one partition at a time: when a record of another partition writes it, the old copy is
   deleted in the same transaction (a state key shared by episodes of several partitions therefore follows the
   last writer; with one instance, the default, every partition is owned and this never matters);
-- a key first written by ``punctuate`` (no input record) lives in the partition its own hash picks;
+- a key first written by ``punctuate`` (no input record) lives in the partition its own hash picks, unless the
+  processor names the partition (``at_partition``): a timer set for an input partition's state writes there;
 - record key: the state key (UTF-8); value: ``b"P"`` + the value, or empty for a delete.
 
 Changes are staged per batch (committed or dropped with the transaction) and, inside a batch, per input record,
@@ -20,6 +21,7 @@ so a record whose processing fails leaves no partial state behind.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from orchard.bus.base import Record, partition_for_key
@@ -65,6 +67,23 @@ class ChangelogStateStore:
         """Stage the removal of ``key``."""
         if self.get(key) is not None:
             self._stage(key, None)
+
+    def home(self, key: str) -> int | None:
+        """The changelog partition ``key`` lives in as of this point of the batch (None: not stored)."""
+        if key in self._batch:
+            return self._batch_home[key] if self._batch[key] is not None else None
+        return self._home.get(key)
+
+    @contextmanager
+    def at_partition(self, partition: int | None) -> Iterator[None]:
+        """Changes made within go to changelog ``partition`` (None: where they would go anyway)."""
+        saved = self.current_partition
+        if partition is not None:
+            self.current_partition = partition
+        try:
+            yield
+        finally:
+            self.current_partition = saved
 
     def items(self) -> Iterator[tuple[str, bytes]]:
         """Every key and value as of this point of the batch."""

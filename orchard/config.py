@@ -164,6 +164,12 @@ class KafkaBusConfig(_Strict):
             raise ValueError(
                 f"min_insync_replicas ({min_isr}) exceeds replication_factor ({replication}): no write could succeed"
             )
+        strategy = self.client_options.get("partition.assignment.strategy", "range")
+        if strategy != "range":
+            raise ValueError(
+                f"client_options: partition.assignment.strategy must be range, not {strategy!r}: a consumer's "
+                "co-keyed inputs (a trajectory and its scores) must reach the same instance"
+            )
         return self
 
 

@@ -28,8 +28,8 @@ DEAD_LETTERS = "dead-letters"
 STANDARD_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(MODEL_CALLS, "ModelCall", "every model call, token-exact, keyed by episode id"),
     TopicSpec(OUTCOMES, "EpisodeOutcome", "one outcome per episode, keyed by episode id"),
-    TopicSpec(TRAJECTORIES, "Trajectory", "assembled episodes (calls in order + outcome), keyed by episode id"),
-    TopicSpec(SCORES, "StepScore", "reward consumers' scores of calls or token spans"),
+    TopicSpec(TRAJECTORIES, "Trajectory", "assembled episodes (calls in order + outcome), keyed by task"),
+    TopicSpec(SCORES, "StepScore", "reward consumers' scores of calls or token spans, keyed by task"),
     TopicSpec(SAMPLES, "TrainingSample", "training samples for the policy and value trainers"),
     TopicSpec(POLICY_VERSIONS, "PolicyVersion", "published weights, in order", partitions=1),
     TopicSpec(SANDBOX_EVENTS, "SandboxEvent", "exec and file operations in sandboxes"),

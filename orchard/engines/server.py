@@ -32,7 +32,9 @@ def serve_engine(config: AnyEngineConfig, orchard_config: OrchardConfig | None =
     engine = open_engine(config)
     try:
         app = engine.create_app(reloader=_reloader(engine, config, orchard_config))
-        log.info("engine serving", type=config.type, host=config.host, port=config.port, model=engine.model_name)
+        vllm_url = getattr(getattr(engine, "client", None), "base_url", None)  # the vLLM server behind it, if any
+        log.info("engine serving", type=config.type, host=config.host, port=config.port, model=engine.model_name,
+                 vllm=str(vllm_url) if vllm_url is not None else None)  # fmt: skip
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none")
     finally:
         engine.close()

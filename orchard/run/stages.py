@@ -79,6 +79,8 @@ class BusProbe:
         self._trajectories: set[str] = set()  # episodes with calls whose trajectory came since ``scored_since``
         self._scored: dict[str, set[str]] = {}  # scorer -> episodes it scored
         self._scored_since: int | None = None
+        self._letters: list[tuple[str, int, int]] = []  # (scorer, partition, offset) of dead-lettered trajectories
+        self._at: dict[tuple[int, int], str] = {}  # (partition, offset) of a trajectory -> its episode
 
     def count(self, topic: str) -> int:
         """Records of this run on ``topic`` so far (0 while it does not exist).
@@ -140,16 +142,20 @@ class BusProbe:
         """
         if self._scored_since != since_ms:  # another stage: start over from its start
             self._trajectories, self._scored, self._scored_since = set(), {}, since_ms
+            self._letters, self._at = [], {}
         for topic in (TRAJECTORIES, SCORES, DEAD_LETTERS):
             if (topic, since_ms) not in self._readers:
                 self._open().create_topic(topic, exist_ok=True)  # a reader needs its topic
-        for record in self._decoded(TRAJECTORIES, since_ms, "Trajectory"):
+        for source, record in self._decoded_with_source(TRAJECTORIES, since_ms, "Trajectory"):
+            self._at[(source.partition, source.offset)] = str(record["episode_id"])
             if self._scorable(record):
                 self._trajectories.add(str(record["episode_id"]))
-        for record in self._decoded(SCORES, since_ms, "StepScore"):
+        for _, record in self._decoded_with_source(SCORES, since_ms, "StepScore"):
             self._scored.setdefault(str(record["scorer"]), set()).add(str(record["episode_id"]))
-        for scorer, episode_id in self._dead_lettered(since_ms):
-            self._scored.setdefault(scorer, set()).add(episode_id)
+        self._letters += self._dead_lettered(since_ms)
+        for scorer, partition, offset in self._letters:  # a letter read before its trajectory counts once it is
+            if (partition, offset) in self._at:
+                self._scored.setdefault(scorer, set()).add(self._at[(partition, offset)])
         if not all(self._caught_up(topic, since_ms) for topic in (TRAJECTORIES, SCORES, DEAD_LETTERS)):
             return None
         return sorted(e for e in self._trajectories if any(e not in self._scored.get(s, set()) for s in scorers))
@@ -163,16 +169,21 @@ class BusProbe:
         except SerializationError:
             return False  # the reward consumer cannot rebuild it either: it dead-letters it
 
-    def _dead_lettered(self, since_ms: int) -> Iterator[tuple[str, str]]:
-        """(scorer, episode id) of the trajectories reward consumers dead-lettered since ``since_ms``."""
+    def _dead_lettered(self, since_ms: int) -> list[tuple[str, int, int]]:
+        """(scorer, partition, offset) of the trajectories reward consumers dead-lettered since ``since_ms``: a
+        trajectory is found by where it is, since its key names its task, not its episode, and a letter's copy of
+        the record may be cut short."""
+        letters = []
         for record in self._read(DEAD_LETTERS, since_ms):
             try:
                 letter = self._codec.decode(record.value).record
             except SerializationError:
                 continue
-            group, key = str(letter.get("consumer_group", "")), letter.get("source_key")
-            if letter.get("source_topic") == TRAJECTORIES and "reward-" in group and key:
-                yield group.rsplit("reward-", 1)[1], bytes(key).decode("utf-8", "replace")
+            group = str(letter.get("consumer_group", ""))
+            if letter.get("source_topic") == TRAJECTORIES and "reward-" in group:
+                scorer = group.rsplit("reward-", 1)[1]
+                letters.append((scorer, int(letter["source_partition"]), int(letter["source_offset"])))
+        return letters
 
     def close(self) -> None:
         """Close the readers and the bus."""
@@ -182,15 +193,21 @@ class BusProbe:
         if self._bus is not None:
             self._bus.close()
 
-    def _decoded(self, topic: str, since_ms: int, schema: str) -> Iterator[dict[str, Any]]:
-        """This run's ``schema`` records on ``topic`` not read yet, from the first one at or after ``since_ms``."""
+    def _decoded_with_source(self, topic: str, since_ms: int, schema: str) -> Iterator[tuple[Record, dict[str, Any]]]:
+        """This run's ``schema`` records on ``topic`` not read yet (each with the record it came in), from the first
+        one at or after ``since_ms``."""
         for record in self._read(topic, since_ms):
             try:
                 decoded = self._codec.decode(record.value)
             except SerializationError:
                 continue
             if decoded.name == schema and decoded.record.get("run_id") == self.run_id:
-                yield decoded.record
+                yield record, decoded.record
+
+    def _decoded(self, topic: str, since_ms: int, schema: str) -> Iterator[dict[str, Any]]:
+        """This run's ``schema`` records on ``topic`` not read yet, from the first one at or after ``since_ms``."""
+        for _, record in self._decoded_with_source(topic, since_ms, schema):
+            yield record
 
     def _caught_up(self, topic: str, since_ms: int) -> bool:
         """Whether the reader of ``topic`` from ``since_ms`` is at the end of every partition. Exact on both

@@ -6,6 +6,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from orchard.config import (
     EmbeddedBusConfig,
@@ -176,3 +177,10 @@ def test_a_loaded_config_is_an_instance_of_its_schema(monkeypatch: pytest.Monkey
     config = load_config(run_id="cli")
     assert type(config) is OrchardConfig
     assert pickle.loads(pickle.dumps(config)) == config == OrchardConfig(run_id="cli")  # noqa: S301 - our own bytes
+
+
+def test_a_kafka_assignment_strategy_other_than_range_is_refused_naming_the_option() -> None:
+    with pytest.raises(ValidationError, match="partition.assignment.strategy must be range"):
+        KafkaBusConfig(bootstrap_servers="localhost:9092",
+                       client_options={"partition.assignment.strategy": "cooperative-sticky"})  # fmt: skip
+    assert KafkaBusConfig(bootstrap_servers="b:1", client_options={"partition.assignment.strategy": "range"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,12 @@ class DictStore:
 
     def items(self) -> Iterator[tuple[str, bytes]]:
         return iter(list(self.data.items()))
+
+    def home(self, key: str) -> int | None:
+        return None
+
+    def at_partition(self, partition: int | None) -> AbstractContextManager[None]:
+        return nullcontext()
 
 
 def drive(

@@ -13,6 +13,7 @@ import pytest
 from consumers.start import STAGE_STARTED_ENV
 from consumers.synthetic import synthetic_episode
 from orchard.bus import Bus, open_bus
+from orchard.bus.base import partition_for_key
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.exceptions import ConfigError
@@ -114,9 +115,12 @@ def publish(
 ) -> None:
     """Trajectories (run, episode, bus timestamp, calls: "all", "none" or "unusable": an incomplete one whose calls
     all miss their base), StepScores (episode, scorer) of run ``mine``, and dead letters (episode, consumer group) of
-    trajectories."""
+    trajectories published by the same call. Trajectories and scores are keyed by task ("t", as the assembler and
+    the reward consumer key them), so a letter finds its trajectory by partition and offset."""
     for topic in (TRAJECTORIES, SCORES, DEAD_LETTERS):
         bus.create_topic(topic, 2, exist_ok=True)
+    partition = partition_for_key(b"t", 2)
+    offsets = {episode_id: i for i, (_, episode_id, _, _) in enumerate(trajectories)}  # one partition, a fresh bus
     with bus.producer() as producer:
         for run_id, episode_id, timestamp, calls in trajectories:
             episode = synthetic_episode(episode_id, calls=3, seed=1, run_id=run_id)
@@ -129,16 +133,16 @@ def publish(
             if calls == "all":
                 record |= {"outcome": episode.outcome.value, "complete": True}
             value = CODEC.encode("Trajectory", record)
-            producer.produce(TRAJECTORIES, value, episode_id.encode(), timestamp_ms=timestamp)
+            producer.produce(TRAJECTORIES, value, b"t", timestamp_ms=timestamp)
         for episode_id, scorer in scores:
             record = {"run_id": "mine", "episode_id": episode_id, "call_index": 1, "scorer": scorer,
                       "policy_version": 1, "score": 0.5, "timestamp": 0}  # fmt: skip
-            producer.produce(SCORES, CODEC.encode("StepScore", record), episode_id.encode())
+            producer.produce(SCORES, CODEC.encode("StepScore", record), b"t")
         for episode_id, group in letters:
-            letter = {"original": b"", "source_topic": TRAJECTORIES, "source_partition": 0, "source_offset": 0,
-                      "source_key": episode_id.encode(), "reason": "teacher unreachable", "error_type": "HTTPError",
-                      "consumer_group": group, "timestamp": 0}  # fmt: skip
-            producer.produce(DEAD_LETTERS, CODEC.encode("DeadLetter", letter), episode_id.encode())
+            letter = {"original": b"", "source_topic": TRAJECTORIES, "source_partition": partition,
+                      "source_offset": offsets[episode_id], "source_key": b"t", "reason": "teacher unreachable",
+                      "error_type": "HTTPError", "consumer_group": group, "timestamp": 0}  # fmt: skip
+            producer.produce(DEAD_LETTERS, CODEC.encode("DeadLetter", letter), b"t")
 
 
 def test_the_stage_is_done_once_every_trajectory_since_it_began_has_every_scorers_scores(
