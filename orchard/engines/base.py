@@ -2,7 +2,7 @@
 
 Three backends implement it: ``local`` (``orchard.engines.local.LocalEngine``: Orchard's own engine), ``vllm``
 (``orchard.engines.vllm_backend.VLLMBackend``: a shim in front of vLLM) and ``scripted``
-(``orchard.engines.scripted.ScriptedEngine``: replays a plan, for tests and demos). ``open_engine``
+(``orchard.engines.scripted_engine.ScriptedEngine``: replays a plan, for tests and demos). ``open_engine``
 (``orchard.engines.factory``) builds one from its config; ``serve_engine`` (``orchard.engines.server``, what
 ``orchard engine serve|scripted`` runs) serves its app; the reloader (``orchard.engines.reload``) calls
 ``load_version``. Clients (the recording proxy, harnesses) see the engine only over HTTP: the OpenAI API with a token

@@ -19,7 +19,7 @@ def open_engine(config: AnyEngineConfig) -> Engine:
 
             return open_vllm(config)
         case ScriptedEngineConfig():
-            from orchard.engines.scripted import ScriptedEngine
+            from orchard.engines.scripted_engine import ScriptedEngine
 
             return ScriptedEngine.from_config(config)
         case _:

@@ -16,7 +16,7 @@ from orchard.engines.config import AnyEngineConfig, EngineConfig, ScriptedEngine
 from orchard.engines.exceptions import EngineError
 from orchard.engines.factory import open_engine
 from orchard.engines.local import LocalEngine
-from orchard.engines.scripted import ScriptedEngine
+from orchard.engines.scripted_engine import ScriptedEngine
 from orchard.engines.vllm_backend import VLLMBackend
 
 ENGINE_CONFIG: TypeAdapter[Any] = TypeAdapter(AnyEngineConfig)
