@@ -84,13 +84,13 @@ def _dealt_out(latest: list[list[int]]) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("consumer", ["sample-builder", "plugin:GroupReward"])
+@pytest.mark.parametrize("consumer", ["sample-builder", "scale_out_plugin:GroupReward"])
 def test_three_instances_with_one_killed_mid_stream_emit_exactly_what_one_instance_does(
     bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str], tmp_path: Path, consumer: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     kafka = isinstance(bus_config, KafkaBusConfig)
-    (tmp_path / "plugin.py").write_text(textwrap.dedent(GROUP_PLUGIN))
+    (tmp_path / "scale_out_plugin.py").write_text(textwrap.dedent(GROUP_PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     config = ConsumersConfig(sample_builder=SampleBuilderConfig(group_size=4, scorers={"scale_centred": 0.5}),
                              rewards=RewardsConfig(group_size=4))  # fmt: skip
@@ -103,7 +103,7 @@ def test_three_instances_with_one_killed_mid_stream_emit_exactly_what_one_instan
     _assembled(bus, kafka, reference, _episodes())
     inputs = ["trajectories"]
     if consumer == "sample-builder":  # its input: the trajectories and the group plug-in's scores of them
-        _run_in_process(bus, "plugin:GroupReward", reference, config, kafka)
+        _run_in_process(bus, "scale_out_plugin:GroupReward", reference, config, kafka)
         inputs.append("scores")
     _run_in_process(bus, consumer, reference, config, kafka)
     expected = _outputs(bus, f"{reference}.{output}")
