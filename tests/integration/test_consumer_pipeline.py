@@ -193,8 +193,9 @@ def test_replay_is_deterministic_and_never_writes_the_originals(
         replay(bus, ["assembler", "replay_rewards:Reward"], namespace, source=source)
 
     def dump(namespace: str, topic: str) -> list[tuple]:
+        """Every record where it is (partition, offset): the order partitions are fetched in is not the replay's."""
         records: list[Record] = list(read_topic(bus, f"{namespace}.{topic}", poll_timeout_s=0.3))
-        return [(r.partition, r.offset, r.timestamp_ms, r.key, r.value) for r in records]
+        return sorted((r.partition, r.offset, r.timestamp_ms, r.key, r.value) for r in records)
 
     for topic in ("trajectories", "scores", "dead-letters"):
         assert dump(first, topic) == dump(second, topic), topic
