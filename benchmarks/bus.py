@@ -16,9 +16,7 @@ Starts its own single-node Kafka (infra/local/services.py) unless ORCHARD_KAFKA_
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import struct
 import sys
 import tempfile
@@ -40,7 +38,13 @@ from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig, KafkaBusConfig
 from orchard.prefix_delta import PrefixDeltaEncoder
 
-REPO = Path(__file__).resolve().parents[1]
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kafka_broker import start_kafka  # noqa: E402
+
+sys.path.remove(str(Path(__file__).resolve().parent))
+
 PROMPT_TOKENS, COMPLETION_TOKENS, CHARS_PER_TOKEN = 4096, 512, 4
 console = Console()
 
@@ -310,19 +314,6 @@ def episode_bytes(codec: Codec, calls: int = 30, delta: bool = True) -> int:
             {"role": "tool", "content": text(rng, 300)},
         ]
     return total
-
-
-def start_kafka() -> tuple[str, Callable[[], None]]:
-    """A broker for the benchmark: ORCHARD_KAFKA_BOOTSTRAP, or one started (and stopped) here."""
-    if os.environ.get("ORCHARD_KAFKA_BOOTSTRAP"):
-        return os.environ["ORCHARD_KAFKA_BOOTSTRAP"], lambda: None
-    spec = importlib.util.spec_from_file_location("orchard_services", REPO / "infra" / "local" / "services.py")
-    assert spec is not None and spec.loader is not None
-    services = importlib.util.module_from_spec(spec)
-    sys.modules["orchard_services"] = services
-    spec.loader.exec_module(services)
-    service = services.kafka_up(name="bench-kafka")
-    return service.bootstrap, lambda: services.kafka_down(name="bench-kafka", purge=True)
 
 
 def main() -> None:

@@ -41,11 +41,7 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
-import importlib.util
-import json
 import os
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -70,7 +66,14 @@ from orchard.bus import Bus, Record, open_bus
 from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
 from orchard.logging import configure_logging
 
-REPO = Path(__file__).resolve().parents[1]
+# Its sibling modules, which it reaches only now: the folder leaves sys.path again, because a test that loads this
+# file by path must not find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kafka_broker import start_kafka
+from sample_builder_group import scale_out
+
+sys.path.remove(str(Path(__file__).resolve().parent))
+
 CALLS, WAVE = 30, 20
 console = Console(width=150)
 
@@ -218,13 +221,15 @@ class EpisodePool:
 
 def make_episodes_from(first: int, end: int) -> list[SyntheticEpisode]:
     """Episodes ``first..end-1``: rollout groups of 8 on a task of their own, rewards mixed within each group."""
+    # fmt: off
     return [
         synthetic_episode(
             f"bench-{i}", calls=CALLS, seed=i, first_prompt_tokens=2000, completion_tokens=250, tool_output_tokens=400,
             task_id=f"bench-task-{i // 8}", group_id=f"bench-group-{i // 8}", reward=float(i % 2),
-        )  # fmt: skip
+        )
         for i in range(first, end)
     ]
+    # fmt: on
 
 
 class LiveStage:
@@ -357,19 +362,6 @@ def memory_per_open_episode(episodes: list[SyntheticEpisode]) -> tuple[float, fl
     return held / len(episodes), state.committed_bytes / len(episodes), raw
 
 
-def start_kafka() -> tuple[str, Callable[[], None]]:
-    """A broker for the benchmark: ORCHARD_KAFKA_BOOTSTRAP, or one started (and stopped) here."""
-    if os.environ.get("ORCHARD_KAFKA_BOOTSTRAP"):
-        return os.environ["ORCHARD_KAFKA_BOOTSTRAP"], lambda: None
-    spec = importlib.util.spec_from_file_location("orchard_services", REPO / "infra" / "local" / "services.py")
-    assert spec is not None and spec.loader is not None
-    services = importlib.util.module_from_spec(spec)
-    sys.modules["orchard_services"] = services
-    spec.loader.exec_module(services)
-    service = services.kafka_up(name="bench-kafka")
-    return service.bootstrap, lambda: services.kafka_down(name="bench-kafka", purge=True)
-
-
 def main() -> None:
     """Run every measurement and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -456,70 +448,6 @@ def main_sustained(args: argparse.Namespace) -> None:
         bus = open_bus(EmbeddedBusConfig(path=Path(directory)))
         rows += sustained("embedded", bus, pool, args.episodes_per_s, args.max_rate, args.duration_s)
     print_sustained(rows)
-
-
-def bus_env(config: BusConfig) -> dict[str, str]:
-    """The environment that points ``orchard consumer run`` at ``config``'s bus."""
-    env = {**os.environ, "ORCHARD_LOG_FORMAT": "json", "ORCHARD_LOG_LEVEL": "INFO",
-           "ORCHARD_CONSUMERS__RUNTIME__PROGRESS_INTERVAL_S": "3600"}  # fmt: skip
-    if isinstance(config, EmbeddedBusConfig):
-        return env | {"ORCHARD_BUS__TYPE": "embedded", "ORCHARD_BUS__PATH": str(config.path)}
-    assert isinstance(config, KafkaBusConfig)
-    return env | {"ORCHARD_BUS__TYPE": "kafka", "ORCHARD_BUS__BOOTSTRAP_SERVERS": config.bootstrap_servers,
-                  "ORCHARD_BUS__MAX_RECORD_BYTES": str(config.max_record_bytes)}  # fmt: skip
-
-
-def owned_partitions(log: Path) -> list[int]:
-    """The partitions an instance's latest state restore covered (empty before its first)."""
-    owned: list[int] = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{") and '"state restored"' in line:
-            owned = sorted(json.loads(line)["partitions"])
-    return owned
-
-
-def scale_out(label: str, bus: Bus, config: BusConfig, trajectories: list[tuple[bytes, bytes | None]],
-              count: int, partitions: int, work: Path) -> float:  # fmt: skip
-    """Seconds ``count`` sample-builder processes of one group take over ``trajectories`` (see the docstring)."""
-    namespace = f"scale{count}-{uuid.uuid4().hex[:6]}"
-    for topic in ("trajectories", "scores", "samples"):
-        bus.create_topic(f"{namespace}.{topic}", partitions, exist_ok=True)
-    logs = [work / f"{namespace}-{i}.log" for i in range(count)]
-    command = [str(Path(sys.executable).parent / "orchard"), "consumer", "run", "sample-builder", "--namespace",
-               namespace]  # fmt: skip
-    processes = [subprocess.Popen([*command, "--instance", f"i{i}"], env=bus_env(config), stdout=subprocess.DEVNULL,
-                                  stderr=log.open("w")) for i, log in enumerate(logs)]  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while sorted(p for log in logs for p in owned_partitions(log)) != list(range(partitions)) or not all(
-            owned_partitions(log) for log in logs
-        ):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-                tails = [(p.poll(), log.read_text()[-1500:]) for p, log in zip(processes, logs, strict=True)]
-                raise RuntimeError(f"{label}: {count} instances did not share the partitions: {tails}")
-            time.sleep(0.05)
-        for process in processes:  # the input is written while they are paused, so the time is theirs alone
-            process.send_signal(signal.SIGSTOP)
-        producer = bus.producer()
-        for value, key in trajectories:
-            producer.produce(f"{namespace}.trajectories", value, key)
-        producer.flush(120)
-        producer.close()
-        started = time.perf_counter()
-        for process in processes:
-            process.send_signal(signal.SIGCONT)
-        group, topic = f"{namespace}.sample-builder", f"{namespace}.trajectories"
-        while sum(o for tp, o in bus.committed_offsets(group).items() if tp.topic == topic) < len(trajectories):
-            if time.perf_counter() - started > 600 or any(p.poll() is not None for p in processes):
-                tails = [(p.poll(), log.read_text()[-1500:]) for p, log in zip(processes, logs, strict=True)]
-                raise RuntimeError(f"{label}: {count} instances did not finish: {tails}")
-            time.sleep(0.01)
-        return time.perf_counter() - started
-    finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            process.wait(60)
 
 
 def main_scaling(args: argparse.Namespace, counts: list[int]) -> None:

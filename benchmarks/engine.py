@@ -26,14 +26,12 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import torch
@@ -43,17 +41,23 @@ from rich.table import Table
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.engines.local import LocalEngine, load_model
-from orchard.engines.sampling import SamplingParams
 from orchard.engines.tiny import build_tiny_checkpoint
 from orchard.logging import configure_logging
 from orchard.store import open_store
 from trainers.weights import publish_policy_version
 
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_runs import Conversation, generate_run, scheduler_run, tokens_per_second  # noqa: E402
+from local_servers import free_port, wait_healthy  # noqa: E402
+
+sys.path.remove(str(Path(__file__).resolve().parent))
+
 console = Console()
 CONCURRENCY = (1, 8, 32)
 SERVED_NAME = "bench"
 RUN_ID = "bench"
-Conversation = list[dict[str, str]]
 
 
 def prompts(count: int) -> list[Conversation]:
@@ -67,9 +71,7 @@ def prompts(count: int) -> list[Conversation]:
 # ---------------------------------------------------------------------------------------------------- the server
 def start_server(work: Path, checkpoint: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
     """``serve_engine`` in a child process, following policy versions of run ``bench``; return it and its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     engine_config = {
         "model": str(checkpoint),
         "served_model_name": SERVED_NAME,
@@ -97,17 +99,12 @@ def start_server(work: Path, checkpoint: Path, args: argparse.Namespace) -> tupl
     argv = [sys.executable, "-c", code, json.dumps(engine_config), json.dumps(orchard_config)]
     process = subprocess.Popen(argv, env=os.environ | {"OMP_NUM_THREADS": str(args.threads)})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-        if process.poll() is not None:
-            break
-    process.kill()
-    raise RuntimeError("the engine server did not start")
+    try:
+        wait_healthy(f"{url}/healthz", process, timeout_s=120, interval_s=0.2)
+    except RuntimeError:
+        process.kill()
+        raise RuntimeError("the engine server did not start") from None
+    return process, url
 
 
 # ---------------------------------------------------------------------------------------------------- throughput
@@ -131,46 +128,6 @@ async def http_run(url: str, conversations: list[Conversation], concurrency: int
     return total
 
 
-async def scheduler_run(
-    engine: LocalEngine, conversations: list[Conversation], concurrency: int, max_tokens: int
-) -> int:
-    """The same work through the engine's scheduler in this process (no HTTP, no JSON)."""
-    queue = [engine.render_prompt(c) for c in conversations]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    total = 0
-
-    async def client() -> None:
-        nonlocal total
-        while queue:
-            [completion] = await engine.submit(queue.pop(), params).completions()
-            total += len(completion.token_ids)
-
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return total
-
-
-@torch.inference_mode()
-def generate_run(engine: LocalEngine, conversations: list[Conversation], batch: int, max_tokens: int) -> int:
-    """``model.generate`` over the same prompts in static batches; return the completion tokens (to end of turn)."""
-    model = load_model(engine.checkpoint, engine.device, engine.dtype)
-    tokenizer = engine.tokenizer
-    eos, total = tokenizer.eos_token_id, 0
-    for start in range(0, len(conversations), batch):
-        ids = [engine.render_prompt(c) for c in conversations[start : start + batch]]
-        padded = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(engine.device)
-        out = model.generate(**padded, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        for row in out[:, padded["input_ids"].shape[1] :].tolist():
-            total += row.index(eos) + 1 if eos in row else len(row)
-    return total
-
-
-def timed(run: Any) -> float:
-    """Tokens per second of ``run()`` (which returns the tokens it generated)."""
-    start = time.perf_counter()
-    tokens = run()
-    return float(tokens / (time.perf_counter() - start))
-
-
 def throughput(
     url: str, engine: LocalEngine, max_tokens: int, repeats: int
 ) -> list[tuple[int, int, float, float, float]]:
@@ -181,10 +138,11 @@ def throughput(
     for concurrency in CONCURRENCY:
         conversations = prompts(max(16, 2 * concurrency))
         runs: list[tuple[float, float, float]] = []
+        work, weights = (conversations, concurrency, max_tokens), (engine.checkpoint, engine.device, engine.dtype)
         for _ in range(repeats):
-            http = timed(lambda: asyncio.run(http_run(url, conversations, concurrency, max_tokens)))  # noqa: B023
-            direct = timed(lambda: asyncio.run(scheduler_run(engine, conversations, concurrency, max_tokens)))  # noqa: B023
-            generate = timed(lambda: generate_run(engine, conversations, concurrency, max_tokens))  # noqa: B023
+            http = tokens_per_second(lambda: asyncio.run(http_run(url, *work)))  # noqa: B023
+            direct = tokens_per_second(lambda: asyncio.run(scheduler_run(engine, *work)))  # noqa: B023
+            generate = tokens_per_second(lambda: generate_run(engine, load_model(*weights), *work))  # noqa: B023
             runs.append((http, direct, generate))
         http, direct, generate = (max(column) for column in zip(*runs, strict=True))
         rows.append((concurrency, len(conversations), http, direct, generate))

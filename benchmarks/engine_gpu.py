@@ -22,6 +22,7 @@ import asyncio
 import gc
 import importlib.util
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,8 +32,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from orchard.engines.local import LocalEngine, load_model
-from orchard.engines.sampling import SamplingParams
 from orchard.engines.tiny import TINY_CHAT_TEMPLATE, build_tiny_tokenizer
+
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_runs import generate_run, scheduler_run, tokens_per_second  # noqa: E402
+
+sys.path.remove(str(Path(__file__).resolve().parent))
 
 CONCURRENCY = (1, 8, 32, 64)
 
@@ -58,44 +65,6 @@ def prompts(count: int) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": f"Task {i}: explain the failing test. " * (1 + i % 5)}] for i in range(count)]
 
 
-async def scheduler_run(engine: LocalEngine, conversations: list[Any], concurrency: int, max_tokens: int) -> int:
-    """Completion tokens generated through the engine's scheduler by ``concurrency`` clients."""
-    queue = [engine.render_prompt(c) for c in conversations]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    total = 0
-
-    async def client() -> None:
-        nonlocal total
-        while queue:
-            [completion] = await engine.submit(queue.pop(), params).completions()
-            total += len(completion.token_ids)
-
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return total
-
-
-@torch.inference_mode()
-def generate_run(engine: LocalEngine, model: Any, conversations: list[Any], batch: int, max_tokens: int) -> int:
-    """``model.generate`` over the same prompts in static batches (tokens up to end of turn)."""
-    tokenizer, total = engine.tokenizer, 0
-    eos = tokenizer.eos_token_id
-    for start in range(0, len(conversations), batch):
-        ids = [engine.render_prompt(c) for c in conversations[start : start + batch]]
-        padded = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt").to(engine.device)
-        out = model.generate(**padded, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        for row in out[:, padded["input_ids"].shape[1] :].tolist():
-            total += row.index(eos) + 1 if eos in row else len(row)
-    torch.cuda.synchronize()
-    return total
-
-
-def rate(run: Any) -> float:
-    """Tokens per second of ``run()``."""
-    start = time.perf_counter()
-    tokens = run()
-    return tokens / (time.perf_counter() - start)
-
-
 def local_rows(checkpoint: Path, parameters: int, max_tokens: int) -> list[dict[str, Any]]:
     """The local engine and ``model.generate`` at each concurrency; frees the GPU memory they used."""
     engine = LocalEngine(checkpoint, model_name="small-llama", max_batch_size=64, max_queue=1024,
@@ -109,9 +78,9 @@ def local_rows(checkpoint: Path, parameters: int, max_tokens: int) -> list[dict[
         conversations = prompts(max(16, 2 * concurrency))
         engine_rates, generate_rates = [], []
         for _ in range(2):
-            engine_rates.append(rate(lambda c=conversations, n=concurrency: asyncio.run(
+            engine_rates.append(tokens_per_second(lambda c=conversations, n=concurrency: asyncio.run(
                 scheduler_run(engine, c, n, max_tokens))))  # fmt: skip
-            generate_rates.append(rate(lambda c=conversations, n=concurrency: generate_run(
+            generate_rates.append(tokens_per_second(lambda c=conversations, n=concurrency: generate_run(
                 engine, model, c, n, max_tokens)))  # fmt: skip
         row = {"concurrency": concurrency, "requests": len(conversations), "engine_tok_s": max(engine_rates),
                "generate_tok_s": max(generate_rates), "parameters": parameters}  # fmt: skip
@@ -179,7 +148,7 @@ def vllm_rows(checkpoint: Path, max_tokens: int, memory: float, eager: bool) -> 
             rates = {}
             for concurrency in CONCURRENCY:
                 conversations = prompts(max(16, 2 * concurrency))
-                rates[concurrency] = max(rate(lambda c=conversations, n=concurrency: asyncio.run(
+                rates[concurrency] = max(tokens_per_second(lambda c=conversations, n=concurrency: asyncio.run(
                     http_run(shim.url, c, n, max_tokens))) for _ in range(2))  # fmt: skip
                 print(json.dumps({"concurrency": concurrency, "vllm_tok_s": rates[concurrency]}), flush=True)  # noqa: T201
             with tempfile.TemporaryDirectory() as tmp:

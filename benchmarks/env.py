@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,13 +27,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
 from orchard.sandbox import SandboxSpec
 from orchard.sandbox.client import AsyncSandboxClient, SandboxClient
 from orchard.sandbox.local.runtime import LocalRuntime
+
+# Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
+# find benchmarks/datasets.py where Hugging Face `datasets` is.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_servers import free_port, wait_healthy  # noqa: E402
+
+sys.path.remove(str(Path(__file__).resolve().parent))
 
 console = Console()
 SERVER = """
@@ -126,21 +131,16 @@ async def bench_rest_throughput(url: str, token: str, source: Path, count: int, 
 
 def start_server(root: Path, token: str) -> tuple[subprocess.Popen[bytes], str]:
     """The API in its own process (so client and server do not share a GIL); waits until it answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(root), str(port), token], env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            time.sleep(0.05)
-    server.kill()
-    raise RuntimeError("the sandbox API server did not start")
+    try:
+        wait_healthy(f"{url}/healthz", server, timeout_s=30, interval_s=0.05)
+    except RuntimeError:
+        server.kill()
+        raise RuntimeError("the sandbox API server did not start") from None
+    return server, url
 
 
 def main() -> None:

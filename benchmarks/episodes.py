@@ -71,7 +71,8 @@ from recipes.file_lookup.generate import LookupConfig, generate
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_runs import embedded_component_env, free_port  # noqa: E402
+from local_servers import free_port, stop_in_order, wait_healthy  # noqa: E402
+from recipe_runs import embedded_component_env  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
@@ -146,35 +147,17 @@ def start(stack: Stack, concurrency: int) -> None:
     for name, command in commands.items():
         log = (stack.work / f"{name}.log").open("wb")
         stack.processes[name] = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)  # noqa: S603
-        wait_healthy(urls[name] + health[name], stack.processes[name], stack.work / f"{name}.log")
-    stack.env_url = urls["env"]
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> None:
-    """Poll ``url`` until it answers 200; exit with the component's log if it dies or never answers."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            sys.exit(f"{url} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"{url} did not answer in {timeout_s:g} s:\n{log.read_text()[-3000:]}")
+            wait_healthy(urls[name] + health[name], stack.processes[name], timeout_s=120, interval_s=0.1,
+                         log=stack.work / f"{name}.log")  # fmt: skip
+        except RuntimeError as exc:  # a script: the component's log and a non-zero exit, no traceback
+            sys.exit(str(exc))
+    stack.env_url = urls["env"]
 
 
 def stop(stack: Stack) -> None:
     """Stop the servers (the Env first, so it deletes its sandboxes)."""
-    for name in ("env", "proxy", "expert"):
-        process = stack.processes.get(name)
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    stop_in_order(stack.processes, ("env", "proxy", "expert"))
 
 
 # ---------------------------------------------------------------------------------------------------- running

@@ -27,25 +27,13 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_runs import (  # noqa: E402
-    REPO,
-    log_events,
-    policy_lag_line,
-    remap_ports,
-    run_recipe,
-    run_records,
-    set_option,
-    set_override,
-    stage_walls,
-    trainer_line,
-)
+import recipe_runs  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
@@ -53,7 +41,7 @@ from orchard.run.recipe_layers import layered_recipe  # noqa: E402
 from orchard.topics import MODEL_CALLS, OUTCOMES  # noqa: E402
 from recipes.gui.setup import families_named  # noqa: E402
 
-RECIPE = REPO / "recipes" / "gui" / "recipe.yaml"
+RECIPE = recipe_runs.REPO / "recipes" / "gui" / "recipe.yaml"
 TRAINERS = ("trainer-credit", "trainer-rl")
 ENVS = {"env": "demos", "rl-env": "rl-bar", "eval-env": "evaluations"}
 
@@ -61,45 +49,27 @@ ENVS = {"env": "demos", "rl-env": "rl-bar", "eval-env": "evaluations"}
 def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
     """The recipe with the benchmark's sizes (options left at None keep the recipe's values) and free ports."""
     recipe: dict[str, Any] = layered_recipe(RECIPE)  # templates expanded: every component spelled out
-    components = recipe["components"]
     tasks, expert = recipe["tasks"], recipe["expert"]  # what the setup stage reads (--recipe)
     for flag in ("train_per_family", "eval_per_family", "max_steps"):
         if getattr(args, flag) is not None:
             tasks[flag] = getattr(args, flag)
     if args.episodes_per_task is not None:
         expert["episodes_per_task"] = args.episodes_per_task
-    for stage in recipe["stages"]:
-        if stage["name"] == "demos":
-            families = families_named(tasks["families"])  # a list, or a name: all, cpu
-            stage["until"]["count"] = len(families) * tasks["train_per_family"] * expert["episodes_per_task"]
-    if args.sft_steps is not None:
-        components["trainer-credit"]["set"] = set_override(components["trainer-credit"]["set"], "max_steps",
-                                                           args.sft_steps)  # fmt: skip
-    if args.rl_rounds is not None:
-        components["rollout-rl"]["rounds"] = args.rl_rounds
-    if args.rl_budget is not None:
-        components["rollout-rl"]["budget"] = args.rl_budget
-    if args.max_tokens is not None:
-        set_option(components["engine"]["args"], "--default-max-tokens", args.max_tokens)
-    return remap_ports(recipe)
+    families = families_named(tasks["families"])  # a list, or a name: all, cpu
+    return recipe_runs.resized(
+        recipe,
+        demos=len(families) * tasks["train_per_family"] * expert["episodes_per_task"],
+        rollouts=("rollout-rl",),
+        rl_rounds=args.rl_rounds,
+        rl_budget=args.rl_budget,
+        sft_steps=args.sft_steps,
+        max_tokens=args.max_tokens,
+    )
 
 
 def stage_of(group_id: str) -> str:
     """Which stage an episode's group belongs to."""
-    if group_id.startswith("demo-"):
-        return "demos"
-    if group_id.startswith("eval-"):
-        return "evaluations"
-    return "rl-bar"
-
-
-def seconds(value: Any) -> float | None:
-    """Epoch seconds of a decoded timestamp (a datetime, or epoch milliseconds)."""
-    if isinstance(value, datetime):
-        return value.timestamp()
-    if isinstance(value, int | float):
-        return float(value) / 1000
-    return None
+    return recipe_runs.stage_kind(group_id, "rl-bar")
 
 
 def success_lines(run_dir: Path, outcomes: list[dict[str, Any]]) -> None:
@@ -128,32 +98,15 @@ def throughput(run_dir: Path, walls: dict[str, float], outcomes: list[dict[str, 
     durations: dict[str, list[float]] = defaultdict(list)
     started: dict[str, tuple[str, float]] = {}
     for outcome in outcomes:
-        start, end = seconds(outcome.get("started_at")), seconds(outcome.get("ended_at"))
-        if start is not None and end is not None:
+        if (span := recipe_runs.outcome_span(outcome)) is not None:
             kind = stage_of(str(outcome["group_id"]))
-            durations[kind].append(end - start)
-            started[str(outcome["episode_id"])] = (kind, start)
-    walls_by_kind = {
-        "demos": walls.get("demos", 0.0),
-        "rl-bar": walls.get("rl-bar", 0.0),
-        "evaluations": sum(wall for name, wall in walls.items() if name.startswith("eval-")),
-    }
-    print("\n| episodes of | episodes | stage wall time (s) | episodes/hour | mean episode (s) |")
-    print("|---|---|---|---|---|")
-    for kind, wall in walls_by_kind.items():
-        runs = durations.get(kind, [])
-        rate = f"{len(runs) / wall * 3600:.0f}" if wall and runs else "-"
-        mean = f"{statistics.fmean(runs):.1f}" if runs else "-"
-        print(f"| {kind} | {len(runs)} | {wall:.0f} | {rate} | {mean} |")
-    for component, kind in ENVS.items():
-        setups = sorted(float(e["ms"]) / 1000 for e in log_events(run_dir, component, "sandbox_created") if "ms" in e)
-        if setups:
-            print(f"sandbox set-up ({kind}, {component}): {len(setups)} sandboxes, "
-                  f"mean {statistics.fmean(setups):.2f} s, p50 {setups[len(setups) // 2]:.2f} s, "
-                  f"max {setups[-1]:.2f} s")  # fmt: skip
+            durations[kind].append(span[1] - span[0])
+            started[str(outcome["episode_id"])] = (kind, span[0])
+    recipe_runs.episode_table(durations, recipe_runs.walls_by_kind(walls, "rl-bar", ("rl-bar",)))
+    recipe_runs.sandbox_setup_lines(run_dir, ENVS)
     first_call: dict[str, float] = {}
-    for call in run_records(run_dir, MODEL_CALLS):
-        if call.get("call_index") == 0 and (at := seconds(call.get("timestamp"))) is not None:
+    for call in recipe_runs.run_records(run_dir, MODEL_CALLS):
+        if call.get("call_index") == 0 and (at := recipe_runs.epoch_seconds(call.get("timestamp"))) is not None:
             first_call[str(call["episode_id"])] = at
     waits: dict[str, list[float]] = defaultdict(list)
     for episode_id, (kind, start) in started.items():
@@ -198,23 +151,19 @@ def launch_times(count: int) -> None:
 
 def report(run_dir: Path, wall_s: float, launches: int) -> None:
     """Print the stages' wall times, the trainers' throughput, success, episode throughput and the results table."""
-    walls = stage_walls(run_dir, wall_s)
-    for name in TRAINERS:
-        print(trainer_line(name, run_dir / name))
-    policy_lag_line(run_dir, ("trainer-rl",))
-    outcomes = list(run_records(run_dir, OUTCOMES))
+    walls = recipe_runs.stage_and_trainer_lines(run_dir, wall_s, TRAINERS)
+    recipe_runs.policy_lag_line(run_dir, ("trainer-rl",))
+    outcomes = list(recipe_runs.run_records(run_dir, OUTCOMES))
     success_lines(run_dir, outcomes)
     throughput(run_dir, walls, outcomes)
     if launches:
         launch_times(launches)
-    results = run_dir / "results.md"
-    print("\n" + (results.read_text() if results.is_file() else "(no results.md: no evaluation stage finished)"))
+    recipe_runs.results_table(run_dir)
 
 
 def main() -> int:
     """Command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run-dir", type=Path, default=Path("runs") / time.strftime("gui-%Y%m%d-%H%M%S"))
+    parser = recipe_runs.recipe_parser(__doc__.split("\n")[0], "gui")
     parser.add_argument("--train-per-family", type=int, help="Train tasks per family.")
     parser.add_argument("--eval-per-family", type=int, help="Held-out tasks per family.")
     parser.add_argument("--episodes-per-task", type=int, help="Expert demonstrations per train task.")
@@ -224,13 +173,11 @@ def main() -> int:
     parser.add_argument("--sft-steps", type=int, help="Most optimizer steps of credit SFT.")
     parser.add_argument("--max-tokens", type=int, help="The engine's completion length per call.")
     parser.add_argument("--launches", type=int, default=5, help="Chromium launches measured after the run (0: none).")
-    parser.add_argument("--duration", type=float, default=3600.0, help="Stop the run after this many seconds.")
-    parser.add_argument("--live", action="store_true", help="Show the live table (else the run's log goes to a file).")
+    recipe_runs.add_run_options(parser, duration_s=3600.0)
     args = parser.parse_args()
-    run_dir = args.run_dir.resolve()
-    code, wall_s = run_recipe(sized_recipe(args), run_dir, duration_s=args.duration, live=args.live)
-    report(run_dir, wall_s, args.launches)
-    return code
+    return recipe_runs.run_and_report(
+        sized_recipe(args), args, lambda run_dir, wall_s: report(run_dir, wall_s, args.launches)
+    )
 
 
 if __name__ == "__main__":

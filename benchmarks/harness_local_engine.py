@@ -66,7 +66,8 @@ from producers.rollout.scheduler import EnvSubmitter
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_runs import embedded_component_env, free_port  # noqa: E402
+from local_servers import free_port, stop_in_order, wait_healthy  # noqa: E402
+from recipe_runs import embedded_component_env  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
@@ -191,36 +192,13 @@ def start(stack: Stack, model: str, max_tokens: int) -> None:
         log = (stack.work / f"{name}.log").open("wb")
         process = subprocess.Popen(command, cwd=cwd[name], env=component_env(stack), stdout=log, stderr=log)
         stack.processes[name] = process
-        wait_healthy(urls[name] + "/healthz", process, stack.work / f"{name}.log")
+        wait_healthy(urls[name] + "/healthz", process, timeout_s=180, interval_s=0.2, log=stack.work / f"{name}.log")
     stack.engine_url, stack.proxy_url, stack.env_url = urls["engine"], urls["proxy"], urls["env"]
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> None:
-    """Poll ``url`` until it answers 200; ``RuntimeError`` with the component's log if it dies or never answers."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in {timeout_s:g} s:\n{log.read_text()[-3000:]}")
 
 
 def stop(stack: Stack) -> None:
     """Stop the servers (the Env first, so it deletes its sandboxes)."""
-    for name in ("env", "proxy", "engine"):
-        process = stack.processes.get(name)
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+    stop_in_order(stack.processes, ("env", "proxy", "engine"))
 
 
 @contextmanager

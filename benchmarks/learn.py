@@ -19,31 +19,20 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 # Its sibling modules; the folder leaves sys.path again, because a test that loads this file by path must not
 # find benchmarks/datasets.py where Hugging Face `datasets` is.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_runs import (  # noqa: E402
-    REPO,
-    policy_lag_line,
-    remap_ports,
-    run_recipe,
-    run_records,
-    set_option,
-    set_override,
-    stage_walls,
-    trainer_line,
-)
+import recipe_runs  # noqa: E402
 
 sys.path.remove(str(Path(__file__).resolve().parent))
 
 from orchard.run.recipe_layers import layered_recipe  # noqa: E402
 from orchard.topics import OUTCOMES  # noqa: E402
 
-RECIPE = REPO / "recipes" / "file_lookup" / "recipe.yaml"
+RECIPE = recipe_runs.REPO / "recipes" / "file_lookup" / "recipe.yaml"
 SFT_TRAINERS = {"trainer": 1, "trainer-credit": 2}  # component -> how many SFT stages its max_steps spans
 TRAINERS = ["trainer", "trainer-credit", "trainer-rl", "trainer-dense"]
 RL_STAGES = ("rl-bar", "dense")
@@ -64,10 +53,7 @@ def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
         for flag, value in (("--train-tasks", tasks["train_tasks"]), ("--eval-tasks", tasks["eval_tasks"]),
                             ("--seed", tasks["seed"]), ("--episodes-per-task", expert["episodes_per_task"]),
                             ("--imperfect-fraction", expert["imperfect_fraction"])):  # fmt: skip
-            set_option(setup, flag, value)
-    for stage in recipe["stages"]:
-        if stage["name"] == "demos":
-            stage["until"]["count"] = tasks["train_tasks"] * expert["episodes_per_task"]
+            recipe_runs.set_option(setup, flag, value)
     for name in TRAINERS:
         sft = name in SFT_TRAINERS
         sizes = {
@@ -78,44 +64,34 @@ def sized_recipe(args: argparse.Namespace) -> dict[str, Any]:
         }
         overrides = components[name]["set"]
         for key, value in sizes.items():
-            overrides = overrides if value is None else set_override(overrides, key, value)
+            overrides = overrides if value is None else recipe_runs.set_override(overrides, key, value)
         components[name]["set"] = overrides
-    for name in ("rollout-rl", "rollout-dense"):
-        if args.rl_rounds is not None:
-            components[name]["rounds"] = args.rl_rounds
-        if args.rl_budget is not None:
-            components[name]["budget"] = args.rl_budget
-    return remap_ports(recipe)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the sized recipe and print the report; the exit status of ``orchard run``."""
-    run_dir = args.run_dir.resolve()
-    code, wall_s = run_recipe(sized_recipe(args), run_dir, duration_s=args.duration, live=args.live)
-    report(run_dir, wall_s)
-    return code
+    return recipe_runs.resized(
+        recipe,
+        demos=tasks["train_tasks"] * expert["episodes_per_task"],
+        rollouts=("rollout-rl", "rollout-dense"),
+        rl_rounds=args.rl_rounds,
+        rl_budget=args.rl_budget,
+    )
 
 
 def report(run_dir: Path, wall_s: float) -> None:
     """Print the results table, the stages' wall times, the trainers' throughput, RL figures, and the plot's path."""
-    walls = stage_walls(run_dir, wall_s)
-    for name in TRAINERS:
-        print(trainer_line(name, run_dir / name))
-    episodes = sum(1 for outcome in run_records(run_dir, OUTCOMES) if RL_GROUP.match(str(outcome.get("group_id", ""))))
+    walls = recipe_runs.stage_and_trainer_lines(run_dir, wall_s, TRAINERS)
+    episodes = sum(
+        1 for outcome in recipe_runs.run_records(run_dir, OUTCOMES) if RL_GROUP.match(str(outcome.get("group_id", "")))
+    )
     seconds = sum(walls.get(stage, 0.0) for stage in RL_STAGES)
     rate = f"{episodes / seconds:.2f} episodes/s" if seconds else "episodes/s unknown"
     print(f"RL stages: {episodes} policy episodes in {seconds:.0f} s, {rate}")
-    policy_lag_line(run_dir, ("trainer-rl", "trainer-dense"))
-    results = run_dir / "results.md"
-    print("\n" + (results.read_text() if results.is_file() else "(no results.md: no evaluation stage finished)"))
-    plot = run_dir / "reward_curve.png"
-    print(f"reward curve: {plot}" if plot.is_file() else "(no reward_curve.png)")
+    recipe_runs.policy_lag_line(run_dir, ("trainer-rl", "trainer-dense"))
+    recipe_runs.results_table(run_dir)
+    recipe_runs.reward_curve_line(run_dir)
 
 
 def main() -> int:
     """Command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run-dir", type=Path, default=Path("runs") / time.strftime("learn-%Y%m%d-%H%M%S"))
+    parser = recipe_runs.recipe_parser(__doc__.split("\n")[0], "learn")
     parser.add_argument("--train-tasks", type=int)
     parser.add_argument("--eval-tasks", type=int)
     parser.add_argument("--steps", type=int, help="Most optimizer steps of each SFT stage.")
@@ -127,9 +103,9 @@ def main() -> int:
     parser.add_argument("--batch-tokens", type=int, help="Tokens per optimizer step.")
     parser.add_argument("--cpu-threads", type=int, help="torch threads of each trainer.")
     parser.add_argument("--seed", type=int, help="Seed of the task splits.")
-    parser.add_argument("--duration", type=float, default=7200.0, help="Stop the run after this many seconds.")
-    parser.add_argument("--live", action="store_true", help="Show the live table (else the run's log goes to a file).")
-    return run(parser.parse_args())
+    recipe_runs.add_run_options(parser, duration_s=7200.0)
+    args = parser.parse_args()
+    return recipe_runs.run_and_report(sized_recipe(args), args, report)
 
 
 if __name__ == "__main__":
