@@ -13,19 +13,23 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from orchard.bus import open_bus
-from orchard.config import load_config
 from orchard.run.recipe_layers import layered_recipe
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, TRAJECTORIES
-from tests.integration.test_run_pipeline import ORCHARD, REPO, orchard_env, read_run, run_logs
-from tests.integration.test_swe_recipe import free_port, set_override
+from tests.integration.shrunk_recipes import (
+    limit_stages,
+    run_records,
+    run_to_completion,
+    set_override,
+    train_on_pairs,
+    with_free_ports,
+)
+from tests.integration.test_run_pipeline import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness, pytest.mark.browser]
 RECIPE = REPO / "recipes" / "gui" / "recipe.yaml"
@@ -36,9 +40,7 @@ PORT = re.compile(r"\b86(?:0[0-2]|1[01]|2[0-2])\b")
 
 def shrink(recipe: dict[str, Any]) -> dict[str, Any]:
     """The recipe with its ports moved and its sizes turned down; everything else as shipped."""
-    ports: dict[str, str] = {}
-    text = PORT.sub(lambda m: ports.setdefault(m.group(0), str(free_port())), json.dumps(recipe))
-    shrunk: dict[str, Any] = json.loads(text)
+    shrunk = with_free_ports(recipe, PORT)
     parts = shrunk["components"]
     # what the setup stage reads (--recipe): 4 model calls fit the expert's 3 or 4; the second demonstration is
     # imperfect, one of each per task
@@ -54,16 +56,8 @@ def shrink(recipe: dict[str, Any]) -> dict[str, Any]:
         if name == "trainer-credit":
             set_override(overrides, "epochs", "1")
     parts["rollout-rl"].update(rounds=1, budget=2, min_rollouts=2, max_rollouts=2, wait_timeout_s=300)
-    builder = parts["builder-rl"]["env"]
-    builder["ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_SIZE"] = "2"
-    builder["ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_TIMEOUT_MS"] = "20000"
-    # the barely trained policy fails alike in a group (zero advantage): train on such samples all the same, so the
-    # RL trainer steps and publishes
-    builder["ORCHARD_CONSUMERS__SAMPLE_BUILDER__EMIT_ZERO_SAMPLES"] = "true"
-    for stage in shrunk["stages"]:
-        if stage["name"] == "demos":
-            stage["until"]["count"] = 4
-        stage["timeout_s"] = 300
+    train_on_pairs(parts["builder-rl"]["env"])
+    limit_stages(shrunk, demos=4, timeout_s=300)
     return shrunk
 
 
@@ -77,23 +71,13 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     recipe = root / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(shrink(layered_recipe(RECIPE)), sort_keys=False))  # templates expanded
     run_dir = root / "run"
-    result = subprocess.run(  # noqa: S603 - fixed command
-        [str(ORCHARD), "run", str(recipe), "--run-dir", str(run_dir), "--no-live", "--duration", "600"],
-        env=orchard_env(), cwd=REPO, capture_output=True, timeout=660, check=False,
-    )  # fmt: skip
-    state = json.loads((run_dir / "state.json").read_text())
-    assert result.returncode == 0, (result.stderr.decode()[-3000:], state, run_logs(run_dir))
-    assert state["status"] == "completed", state["reason"]
+    run_to_completion(recipe, run_dir, duration_s=600)
     return run_dir
 
 
 def records(run_dir: Path, topic: str) -> list[dict[str, Any]]:
     """The run's records on ``topic``."""
-    bus = open_bus(load_config(run_dir / "orchard.yaml").bus)
-    try:
-        return [record for _, record in read_run(bus, topic, RUN_ID)]
-    finally:
-        bus.close()
+    return run_records(run_dir, topic, RUN_ID)
 
 
 @pytest.mark.timeout(720)

@@ -8,9 +8,6 @@ policy version. The recipe file is run as shipped, on the embedded defaults, wit
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,21 +19,13 @@ from orchard.codec import Codec
 from orchard.config import load_config
 from orchard.topics import DEAD_LETTERS, MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, SAMPLES
 from recipes.imported_sft.sample_data import is_successful, write_sample_dataset
+from tests.integration.shrunk_recipes import run_to_completion
 
 pytestmark = [pytest.mark.slow]
-ORCHARD = Path(sys.executable).with_name("orchard")
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "imported_sft" / "recipe.yaml"
 RUN_ID = "imported-sft"  # the recipe's
 ROWS = 32  # the recipe's import stage waits for the samples of these rows' 16 successful ones
-
-
-def orchard_env() -> dict[str, str]:
-    """This environment without any bus/store settings of its own (the run uses its embedded defaults)."""
-    env = {**os.environ, "ORCHARD_LOG_FORMAT": "json", "PYTHONPATH": str(REPO)}
-    for name in [k for k in env if k.startswith(("ORCHARD_BUS__", "ORCHARD_STORE__"))] + ["ORCHARD_CONFIG"]:
-        env.pop(name, None)
-    return env
 
 
 def read_topic(bus: Bus, topic: str, deadline_s: float = 30.0) -> list[tuple[str, dict[str, Any]]]:
@@ -59,11 +48,6 @@ def read_topic(bus: Bus, topic: str, deadline_s: float = 30.0) -> list[tuple[str
     raise AssertionError(f"{topic}: not read to its end {ends} within {deadline_s:g} s")
 
 
-def run_logs(run_dir: Path) -> dict[str, str]:
-    """The tail of each component's log (for failure messages)."""
-    return {p.name: p.read_text()[-3000:] for p in (run_dir / "logs").glob("*.log")}
-
-
 def row_of(outcome: dict[str, Any]) -> int:
     """The dataset row an outcome came from: its task id is ``synthetic__<module>-<row>``."""
     return int(outcome["task_id"].rsplit("-", 1)[1])
@@ -76,13 +60,7 @@ def test_imported_swe_dataset_becomes_calls_outcomes_sft_samples_of_successful_r
     run_dir = tmp_path / "run"
     dataset = run_dir / "dataset.parquet"
     summary = write_sample_dataset(dataset, ROWS, bad_rows=1)
-    result = subprocess.run(  # noqa: S603 - fixed command
-        [str(ORCHARD), "run", str(RECIPE), "--run-dir", str(run_dir), "--no-live", "--duration", "180"],
-        env=orchard_env(), cwd=tmp_path, capture_output=True, timeout=210, check=False,
-    )  # fmt: skip
-    state = json.loads((run_dir / "state.json").read_text())
-    assert result.returncode == 0, (result.stderr.decode()[-3000:], state, run_logs(run_dir))
-    assert state["status"] == "completed", state["reason"]
+    state = run_to_completion(RECIPE, run_dir, duration_s=180, grace_s=30, cwd=tmp_path)
     assert [(s["name"], s["status"]) for s in state["stages"]] == [("import", "completed"), ("sft", "completed")]
     assert state["components"]["import"]["exit_code"] == 0
 

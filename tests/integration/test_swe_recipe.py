@@ -14,19 +14,24 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from orchard.bus import open_bus
-from orchard.config import load_config
 from orchard.run.recipe_layers import layered_recipe
 from orchard.topics import MODEL_CALLS, OUTCOMES, POLICY_VERSIONS, SCORES, TRAJECTORIES
-from tests.integration.test_run_pipeline import ORCHARD, REPO, orchard_env, read_run, run_logs
+from tests.integration.shrunk_recipes import (
+    limit_stages,
+    run_records,
+    run_to_completion,
+    set_flag,
+    set_override,
+    train_on_pairs,
+    with_free_ports,
+)
+from tests.integration.test_run_pipeline import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.harness]
 RECIPE = REPO / "recipes" / "swe" / "local.yaml"
@@ -36,30 +41,9 @@ RUN_ID = "swe-local"
 PORT = re.compile(r"\b84(?:0[0-2]|1[01]|2[0-2])\b")
 
 
-def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def set_flag(words: list[str], flag: str, value: str) -> None:
-    """Replace the value after ``flag`` in a command line (the flag must be there)."""
-    words[words.index(flag) + 1] = value
-
-
-def set_override(overrides: list[str], key: str, value: str) -> None:
-    """Replace ``key=...`` in a trainer's ``set`` list (the key must be there)."""
-    index = next(i for i, item in enumerate(overrides) if item.startswith(f"{key}="))
-    overrides[index] = f"{key}={value}"
-
-
 def shrink(recipe: dict[str, Any], suite: Path) -> dict[str, Any]:
     """The recipe with its ports moved and its sizes turned down; everything else as shipped."""
-    ports: dict[str, str] = {}
-    text = PORT.sub(lambda m: ports.setdefault(m.group(0), str(free_port())), json.dumps(recipe))
-    shrunk: dict[str, Any] = json.loads(text)
+    shrunk = with_free_ports(recipe, PORT)
     parts = shrunk["components"]
     # what the setup stage reads (--recipe): the expert's 7 calls fit in 10; the second demonstration fails, so
     # credit SFT has one of each
@@ -77,18 +61,11 @@ def shrink(recipe: dict[str, Any], suite: Path) -> dict[str, Any]:
     for name in ("rollout-rl", "rollout-dense"):
         parts[name].update(rounds=1, budget=2, min_rollouts=2, max_rollouts=2, wait_timeout_s=300)
     for name in ("builder-rl", "builder-dense"):
-        parts[name]["env"]["ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_SIZE"] = "2"
-        parts[name]["env"]["ORCHARD_CONSUMERS__SAMPLE_BUILDER__GROUP_TIMEOUT_MS"] = "20000"
-        # the barely trained policy fails alike in a group (zero advantage): train on such samples all the same, so
-        # the RL trainers step and publish
-        parts[name]["env"]["ORCHARD_CONSUMERS__SAMPLE_BUILDER__EMIT_ZERO_SAMPLES"] = "true"
+        train_on_pairs(parts[name]["env"])
     parts["value-trainer"]["max_steps"] = 2
     set_flag(parts["value-trainer"]["args"], "--idle-exit", "5")
     set_flag(parts["eval-rerank"]["run"], "--rerank", "2")
-    for stage in shrunk["stages"]:
-        if stage["name"] == "demos":
-            stage["until"]["count"] = 2
-        stage["timeout_s"] = 300
+    limit_stages(shrunk, demos=2, timeout_s=300)
     return shrunk
 
 
@@ -102,23 +79,13 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     recipe = root / "local.yaml"
     recipe.write_text(yaml.safe_dump(shrink(layered_recipe(RECIPE), suite), sort_keys=False))  # templates expanded
     run_dir = root / "run"
-    result = subprocess.run(  # noqa: S603 - fixed command
-        [str(ORCHARD), "run", str(recipe), "--run-dir", str(run_dir), "--no-live", "--duration", "840"],
-        env=orchard_env(), cwd=REPO, capture_output=True, timeout=900, check=False,
-    )  # fmt: skip
-    state = json.loads((run_dir / "state.json").read_text())
-    assert result.returncode == 0, (result.stderr.decode()[-3000:], state, run_logs(run_dir))
-    assert state["status"] == "completed", state["reason"]
+    run_to_completion(recipe, run_dir, duration_s=840)
     return run_dir
 
 
 def records(run_dir: Path, topic: str) -> list[dict[str, Any]]:
     """The run's records on ``topic``."""
-    bus = open_bus(load_config(run_dir / "orchard.yaml").bus)
-    try:
-        return [record for _, record in read_run(bus, topic, RUN_ID)]
-    finally:
-        bus.close()
+    return run_records(run_dir, topic, RUN_ID)
 
 
 @pytest.mark.timeout(960)
