@@ -22,6 +22,7 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,13 +52,48 @@ ISOLATED = ("-I", "-S", "-u")
 every start), and unbuffered output."""
 
 
+@dataclass(frozen=True)
+class AgentPackage:
+    """An agent run as ``python -P -m <module>`` from its package's source files, which the adapter writes into the
+    sandbox under ``~/.orchard/harness/<name>/src/`` and puts first on ``PYTHONPATH``: it runs with the sandbox's
+    interpreter whether or not the checkout that holds the package is visible inside the sandbox."""
+
+    module: str
+    """The agent's module, e.g. ``recipes.claw.agent``: its package is ``source_dir``."""
+    source_dir: Path
+    """The package's directory on this machine."""
+    files: tuple[str, ...]
+    """What the agent needs inside the sandbox, relative to ``source_dir`` (its ``__init__.py`` included)."""
+    parent_init: str
+    """The text of the ``__init__.py`` written for each package above the agent's own."""
+
+    def sources(self) -> list[tuple[str, bytes]]:
+        """``(path under src/, content)`` of every file to write: the parents' ``__init__.py``, then ``files``."""
+        package = self.module.rpartition(".")[0].split(".")
+        above = ["/".join(package[:depth]) for depth in range(1, len(package))]
+        own = "/".join(package)
+        return [(f"{parent}/__init__.py", self.parent_init.encode()) for parent in above] + [
+            (f"{own}/{name}", (self.source_dir / name).read_bytes()) for name in self.files
+        ]
+
+
+SRC = "src"
+"""Where an ``AgentPackage`` is written, under the adapter's state directory."""
+
+
 class BuiltinAgentAdapter(HarnessAdapter):
-    """Runs the built-in agent's source file with ``python -I -S -u`` against the endpoint."""
+    """Runs the built-in agent's source file with ``python -I -S -u`` against the endpoint.
+
+    A subclass runs another agent with the built-in agent's command line (the endpoint, task and trajectory files,
+    limits and sampling options) by naming its ``package`` and its own options (``agent_options``): the Claw and the
+    browser harnesses do."""
 
     name = "builtin"
+    package: ClassVar[AgentPackage | None] = None
+    """The agent to run instead of the built-in one, shipped into the sandbox (None: the built-in agent)."""
     files_in_command: ClassVar[bool] = True
-    """Whether ``command`` writes the task text and the agent's source itself (when the text fits in an argument);
-    a subclass with a command of its own sets False, and ``prepare`` writes them."""
+    """Whether ``command`` writes the task text and the agent's source itself (when the text fits in an argument;
+    never with a ``package``, whose command is ``python -m``); otherwise ``prepare`` writes them."""
 
     def __init__(
         self,
@@ -81,9 +117,15 @@ class BuiltinAgentAdapter(HarnessAdapter):
 
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
         """Write the task text and the agent's source, unless the command does (``files_in_command``); in one
-        sandbox exec when the text fits in an argument."""
+        sandbox exec when the text fits in an argument. Then the ``package``'s files, if any."""
         if self._command_writes_files(task):
             return
+        self._write_task_and_source(sandbox, task)
+        if self.package is not None:
+            for relpath, source in self.package.sources():
+                write_state_file(sandbox, self.state(f"{SRC}/{relpath}"), source)
+
+    def _write_task_and_source(self, sandbox: Sandbox, task: HarnessTask) -> None:
         if not _fits_in_argument(task.instruction):
             write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
             write_state_file(sandbox, self.state(AGENT_FILE), agent_source())
@@ -94,20 +136,24 @@ class BuiltinAgentAdapter(HarnessAdapter):
             raise HarnessSetupError(f"cannot write the built-in agent's files in the sandbox: {result.stderr.strip()}")
 
     def _command_writes_files(self, task: HarnessTask) -> bool:
-        return self.files_in_command and _fits_in_argument(task.instruction)
+        return self.files_in_command and self.package is None and _fits_in_argument(task.instruction)
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
-        """``python -I -S -u builtin_agent.py`` with the endpoint, limits and state file paths."""
+        """``python -I -S -u builtin_agent.py`` (or ``python -P -m`` the ``package``'s module, with the shipped
+        sources on ``PYTHONPATH``) with the endpoint, limits and state file paths."""
+        if self.package is None:
+            program: list[ShellArg] = [self.python, *ISOLATED, self.state(AGENT_FILE)]
+        else:  # -P: the working copy never shadows the agent
+            program = [self.python, "-P", "-m", self.package.module]
         argv: list[ShellArg] = [
-            self.python, *ISOLATED, self.state(AGENT_FILE),
+            *program,
             "--base-url", endpoint.base_url,
             "--model", endpoint.model,
             "--task-file", self.state(TASK_FILE),
             "--trajectory", self.state(TRAJECTORY_FILE),
             "--max-steps", str(task.max_steps),
             "--timeout", f"{task.timeout_s:g}",
-            "--command-timeout", f"{self.command_timeout_s:g}",
-            "--max-output-chars", str(self.max_output_chars),
+            *self.agent_options(),
             "--retries", str(self.retries),
         ]  # fmt: skip
         if self.temperature is not None:
@@ -116,8 +162,15 @@ class BuiltinAgentAdapter(HarnessAdapter):
             argv += ["--max-tokens", str(self.max_tokens)]
         if self.extra_body:
             argv += ["--extra-body", json.dumps(self.extra_body)]
+        if self.package is not None:
+            return shell_command(argv, exports={"PYTHONPATH": self.state(SRC)})
         setup = [_write_both(self.name, shlex.quote(task.instruction))] if self._command_writes_files(task) else []
         return shell_command(argv, setup=setup)
+
+    def agent_options(self) -> list[str]:
+        """The agent's own options, besides those every agent run this way takes: the built-in agent's (and the
+        Claw agent's) tool limits."""
+        return ["--command-timeout", f"{self.command_timeout_s:g}", "--max-output-chars", str(self.max_output_chars)]
 
     def stdin(self, task: HarnessTask) -> bytes:
         """The agent's source, which the command writes to its file first (when ``prepare`` did not)."""

@@ -13,6 +13,8 @@ The loop: a system prompt and the task, then up to ``--max-steps`` chat completi
 ``shell`` (run a command in the working directory with ``/bin/sh -c``; the reply is the exit code and the output,
 stdout and stderr merged, truncated in the middle to ``--max-output-chars``) and ``submit`` (end the episode). The
 assistant message is appended to the history exactly as returned, then one ``tool`` message per call, in order.
+The loop takes what it runs as parameters (``Agent``'s tool executor, system prompt and ``start`` fields, ``main``'s
+agent builder), so the recipes' agents (``recipes.claw.agent``, ``recipes.gui.agent``) run it instead of a copy.
 
 Model calls are plain HTTP/1.1 over a socket, one connection per call (``Connection: close``; ``http.client`` for an
 ``https`` base URL), so no call ever meets a kept-alive connection the server dropped while a tool ran. The base URL
@@ -40,7 +42,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: importing typing would cost every episode's start-up
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any, Protocol, TextIO
 
     class JsonResponse(Protocol):
@@ -49,6 +51,23 @@ if TYPE_CHECKING:  # annotations only: importing typing would cost every episode
         text: str
 
         def json(self) -> Any: ...
+
+    class ToolExecutor(Protocol):
+        """What ``Agent`` runs tool calls with (``ShellTool``, or a recipe's own executor)."""
+
+        tools: list[dict[str, Any]]
+
+        def refusal(self, name: Any, arguments: dict[str, Any]) -> str | None: ...
+
+        def run(self, name: str, arguments: dict[str, Any], timeout_s: float) -> Any: ...
+
+    class Closable(Protocol):
+        """Something a run holds until it ends (a client, a service process)."""
+
+        def close(self) -> None: ...
+
+    OpenAgent = Callable[["AgentConfig", "Trajectory", "list[Closable]"], "Agent"]
+    """Builds the agent ``main`` runs (see ``main``)."""
 
 
 SYSTEM_PROMPT = """You are an autonomous software agent working in a Unix shell.
@@ -308,13 +327,12 @@ def _number(text: str, base: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------- model
 class ChatClient:
-    """Chat completions with ``tools`` (the built-in ``shell`` and ``submit`` unless a subclass sets others), with
-    retries of transport errors, 429 and 5xx."""
+    """Chat completions offering ``tools`` (default: the built-in ``shell`` and ``submit``), with retries of transport
+    errors, 429 and 5xx."""
 
-    tools: list[dict[str, Any]] = TOOLS
-
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, tools: list[dict[str, Any]] | None = None) -> None:
         self.config = config
+        self.tools: list[dict[str, Any]] = TOOLS if tools is None else tools
         self.endpoint = HttpEndpoint(config.base_url, config.api_key, config.request_timeout_s)
 
     def complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -390,13 +408,51 @@ class Outcome:
         return f"Outcome({self.status!r}, {self.steps}, submission={self.submission!r}, error={self.error!r})"
 
 
-class Agent:
-    """The multi-turn loop: ask the model, run its tool calls, repeat until submit, a text answer, or a limit."""
+class ShellTool:
+    """The built-in agent's tool executor: ``shell`` runs a command with ``/bin/sh -c`` (``run_shell``).
 
-    def __init__(self, config: AgentConfig, client: ChatClient, trajectory: Trajectory) -> None:
+    An executor is what ``Agent`` runs tool calls with (the Claw agent passes its services'): ``tools``, the tool
+    definitions the model is offered (``submit`` included, which ``Agent`` handles itself); ``refusal(name,
+    arguments)``, why a call cannot run (None when it can); ``run(name, arguments, timeout_s)``, the call's result
+    object."""
+
+    tools: list[dict[str, Any]] = TOOLS
+
+    def __init__(self, max_output_chars: int) -> None:
+        self.max_output_chars = max_output_chars
+
+    def refusal(self, name: Any, arguments: dict[str, Any]) -> str | None:
+        """An error for any call but ``shell`` with a string ``command``."""
+        if name != "shell" or not isinstance(arguments.get("command"), str):
+            return f"unknown tool or missing 'command': {name!r}"
+        return None
+
+    def run(self, name: str, arguments: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Run the command: its exit code (None when killed at ``timeout_s``) and its output."""
+        code, output = run_shell(arguments["command"], timeout_s, self.max_output_chars)
+        return {"exit_code": code, "output": output}
+
+
+class Agent:
+    """The multi-turn loop: ask the model, run its tool calls, repeat until submit, a text answer, or a limit.
+
+    What it runs is a parameter: ``executor`` runs the tool calls (default: ``ShellTool``), ``system_prompt`` opens
+    the history, and ``start_fields`` are added to the trajectory's ``start`` record."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: ChatClient,
+        trajectory: Trajectory,
+        executor: ToolExecutor | None = None,
+        system_prompt: str = SYSTEM_PROMPT,
+        start_fields: dict[str, Any] | None = None,
+    ) -> None:
         self.config, self.client, self.trajectory = config, client, trajectory
+        self.executor: ToolExecutor = ShellTool(config.max_output_chars) if executor is None else executor
+        self.start_fields: dict[str, Any] = {} if start_fields is None else start_fields
         self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system_prompt},
             {"role": "user", "content": config.task},
         ]
         self.deadline = time.monotonic() + config.timeout_s
@@ -408,8 +464,13 @@ class Agent:
             model=self.config.model,
             task=self.config.task,
             max_steps=self.config.max_steps,
-            tools=[tool["function"]["name"] for tool in TOOLS],
+            tools=[tool["function"]["name"] for tool in self.executor.tools],
+            **self.start_fields,
         )
+        return self.loop()
+
+    def loop(self) -> Outcome:
+        """Steps until one ends the episode, the model API fails, or the step or time budget runs out."""
         for step in range(1, self.config.max_steps + 1):
             if time.monotonic() >= self.deadline:
                 return Outcome("timeout", step - 1)
@@ -428,7 +489,7 @@ class Agent:
         message = payload["choices"][0]["message"]
         latency_ms = round((time.perf_counter() - started) * 1000, 2)
         self.trajectory.write("model_call", step=step, latency_ms=latency_ms, response=payload)
-        _progress("model_call", step=step, latency_ms=latency_ms)
+        self.progress("model_call", step=step, latency_ms=latency_ms)
         self.messages.append(_history_message(message))
         calls = message.get("tool_calls") or []
         if not calls:
@@ -437,10 +498,18 @@ class Agent:
             submission = self.call_tool(step, call)
             if submission is not None:
                 return Outcome("submitted", step, submission=submission)
+        self.after_tool_calls(step)
         return None
 
+    def after_tool_calls(self, step: int) -> None:
+        """Called once a step's tool calls have all run and none ended the episode (here: nothing to do)."""
+
+    def progress(self, event: str, **fields: Any) -> None:
+        """A progress line on stderr."""
+        _progress(event, **fields)
+
     def call_tool(self, step: int, call: dict[str, Any]) -> str | None:
-        """Run one tool call and append its result; the summary when it was ``submit``."""
+        """Run one tool call with the executor and append its result; the summary when it was ``submit``."""
         function = call.get("function") or {}
         name, raw_arguments = function.get("name"), function.get("arguments") or "{}"
         try:
@@ -454,18 +523,20 @@ class Agent:
             summary = str(arguments.get("summary", ""))
             self._reply(step, call, name, {"status": "submitted"})
             return summary
-        if name != "shell" or not isinstance(arguments.get("command"), str):
-            self._reply(step, call, name, {"error": f"unknown tool or missing 'command': {name!r}"})
+        refusal = self.executor.refusal(name, arguments)
+        if refusal is not None:
+            self._reply(step, call, name, {"error": refusal})
             return None
         timeout = max(1.0, min(self.config.command_timeout_s, self.deadline - time.monotonic()))
         started = time.perf_counter()
-        code, output = run_shell(arguments["command"], timeout, self.config.max_output_chars)
+        result = self.executor.run(name, arguments, timeout)
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
-        self._reply(step, call, name, {"exit_code": code, "output": output}, duration_ms=duration_ms)
+        self._reply(step, call, name, result, duration_ms=duration_ms)
         return None
 
-    def _reply(self, step: int, call: dict[str, Any], name: Any, result: dict[str, Any], **extra: Any) -> None:
-        content = json.dumps(result, ensure_ascii=False)
+    def _reply(self, step: int, call: dict[str, Any], name: Any, result: Any, **extra: Any) -> None:
+        """Append the call's result to the history (a text as it is, anything else as JSON) and the trajectory."""
+        content = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
         self.messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": content})
         self.trajectory.write(
             "tool_result",
@@ -545,22 +616,39 @@ def _read_text(path: str) -> str:
         return file.read()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one episode; the exit code says whether the agent crashed (see the module docstring)."""
+def open_builtin_agent(config: AgentConfig, trajectory: Trajectory, closing: list[Closable]) -> Agent:
+    """The built-in agent: ``Agent`` with the ``shell`` and ``submit`` tools."""
+    client = ChatClient(config)
+    closing.append(client)
+    return Agent(config, client, trajectory)
+
+
+def main(argv: Sequence[str] | None = None, open_agent: OpenAgent | None = None) -> int:
+    """Run one episode; the exit code says whether the agent crashed (see the module docstring).
+
+    ``open_agent(config, trajectory, closing)`` builds the agent (default: ``open_builtin_agent``), appending what
+    must be closed once the run ends to ``closing``; an ``OSError`` or ``RuntimeError`` it raises (say, a service
+    the agent needs did not start) ends the episode as ``error`` after 0 steps. The Claw agent runs through here."""
     try:
         config = parse_args(argv)
     except (OSError, ValueError) as exc:
         _progress("bad_arguments", error=str(exc))
         return EXIT_USAGE
     trajectory = Trajectory(config.trajectory)
-    client = ChatClient(config)
+    closing: list[Closable] = []
     try:
-        outcome = Agent(config, client, trajectory).run()
+        try:
+            agent = (open_agent or open_builtin_agent)(config, trajectory, closing)
+        except (OSError, RuntimeError) as exc:
+            outcome = Outcome("error", 0, error=str(exc))
+        else:
+            outcome = agent.run()
         trajectory.write(
             "end", status=outcome.status, steps=outcome.steps, submission=outcome.submission, error=outcome.error
         )
     finally:
-        client.close()
+        for resource in reversed(closing):  # the last opened first: the client before the services it calls
+            resource.close()
         trajectory.close()
     _progress("end", status=outcome.status, steps=outcome.steps, error=outcome.error)
     return EXIT_ERROR if outcome.status == "error" else EXIT_OK

@@ -8,9 +8,10 @@ Run (in the task's working copy, which holds ``.claw/seed.json``)::
 It starts the services (``python -m recipes.claw.services`` on a free loopback port) as a child process, offers the
 model every service tool (``recipes.claw.tools``) plus ``submit``, runs each tool call as an HTTP request against the
 services, and stops the services when it ends. Everything else is the built-in agent's
-(``orchard.harnesses.builtin_agent``): the loop, retries, limits, statuses and exit codes, and the trajectory JSONL
-(``start``, ``model_call``, ``tool_result`` with the tool's name, arguments and answer, ``end``). Standard library
-and ``orchard.harnesses.builtin_agent`` only.
+(``orchard.harnesses.builtin_agent``, run with this module's tool executor, system prompt and services): the
+command line, the loop, retries, limits, statuses and exit codes, and the trajectory JSONL (``start``, with the
+services' URL, ``model_call``, ``tool_result`` with the tool's name, arguments and answer, ``end``). Standard
+library and ``orchard.harnesses.builtin_agent`` only.
 """
 
 from __future__ import annotations
@@ -18,26 +19,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchard.harnesses.builtin_agent import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_USAGE,
-    SUBMIT_TOOL,
-    Agent,
-    AgentConfig,
-    ChatClient,
-    ModelError,
-    Outcome,
-    Trajectory,
-    _progress,
-    parse_args,
-    truncate_middle,
-)
+from orchard.harnesses import builtin_agent
+from orchard.harnesses.builtin_agent import SUBMIT_TOOL, Agent, AgentConfig, ChatClient, Trajectory, truncate_middle
 from recipes.claw.tools import call_tool, openai_tools
 
 SYSTEM_PROMPT = """You are a personal assistant acting for {name} <{email}>. It is now {now}.
@@ -75,103 +62,49 @@ class Services:
                 self.process.wait()
 
 
-class ClawChatClient(ChatClient):
-    """The built-in agent's chat client (its retries and limits), offering the Claw tools instead of ``shell``."""
+class ServiceTools:
+    """The Claw agent's tool executor (see ``builtin_agent.ShellTool``): every service tool, run as an HTTP request
+    against the services; the answer is cut in the middle to ``max_output_chars`` when its JSON is longer."""
 
-    def __init__(self, config: AgentConfig, tools: list[dict[str, Any]]) -> None:
-        super().__init__(config)
-        self.tools = tools
+    def __init__(self, services_url: str, max_output_chars: int) -> None:
+        self.services_url, self.max_output_chars = services_url, max_output_chars
+        self.tools: list[dict[str, Any]] = [*openai_tools(), SUBMIT_TOOL]
+        self.names = [tool["function"]["name"] for tool in self.tools]
+
+    def refusal(self, name: Any, arguments: dict[str, Any]) -> str | None:
+        """An error for a tool the model was not offered."""
+        return None if name in self.names else f"unknown tool {name!r}"
+
+    def run(self, name: str, arguments: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Whether the services accepted the call, and their answer."""
+        ok, answer = call_tool(self.services_url, name, arguments, timeout_s=timeout_s)
+        rendered, limit = json.dumps(answer, ensure_ascii=False), self.max_output_chars
+        return {"ok": ok, "result": answer if len(rendered) <= limit else truncate_middle(rendered, limit)}
 
 
-class ClawAgent(Agent):
-    """The built-in agent's loop with the service tools executed against the services' HTTP API."""
+def system_prompt(services_url: str) -> str:
+    """The system prompt, naming the user and the time of the services' world."""
+    _, world = call_tool(services_url, "world_info", {})
+    user = world.get("user", {}) if isinstance(world, dict) else {}
+    return SYSTEM_PROMPT.format(
+        name=user.get("name", "the user"), email=user.get("email", "?"), now=world.get("now", "unknown")
+    )
 
-    def __init__(self, config: AgentConfig, client: ClawChatClient, trajectory: Trajectory, services_url: str) -> None:
-        super().__init__(config, client, trajectory)
-        self.services_url = services_url
-        self.tool_names = [tool["function"]["name"] for tool in client.tools]
-        _, world = call_tool(services_url, "world_info", {})
-        user = world.get("user", {}) if isinstance(world, dict) else {}
-        prompt = SYSTEM_PROMPT.format(
-            name=user.get("name", "the user"), email=user.get("email", "?"), now=world.get("now", "unknown")
-        )
-        self.messages[0] = {"role": "system", "content": prompt}
 
-    def run(self) -> Outcome:
-        """Run to the end (the ``start`` record names the Claw tools)."""
-        self.trajectory.write(
-            "start",
-            model=self.config.model,
-            task=self.config.task,
-            max_steps=self.config.max_steps,
-            tools=self.tool_names,
-            services_url=self.services_url,
-        )
-        for step in range(1, self.config.max_steps + 1):
-            if time.monotonic() >= self.deadline:
-                return Outcome("timeout", step - 1)
-            try:
-                outcome = self.step(step)
-            except ModelError as exc:
-                return Outcome("error", step, error=str(exc))
-            if outcome is not None:
-                return outcome
-        return Outcome("max_steps", self.config.max_steps)
-
-    def call_tool(self, step: int, call: dict[str, Any]) -> str | None:
-        """Run one tool call against the services; the summary when it was ``submit``."""
-        function = call.get("function") or {}
-        name, raw_arguments = function.get("name"), function.get("arguments") or "{}"
-        try:
-            arguments = json.loads(raw_arguments)
-            if not isinstance(arguments, dict):
-                raise ValueError("arguments must be a JSON object")
-        except ValueError as exc:
-            self._reply(step, call, name, {"error": f"invalid arguments: {exc}"})
-            return None
-        if name == "submit":
-            self._reply(step, call, name, {"status": "submitted"})
-            return str(arguments.get("summary", ""))
-        if name not in self.tool_names:
-            self._reply(step, call, name, {"error": f"unknown tool {name!r}"})
-            return None
-        timeout = max(1.0, min(self.config.command_timeout_s, self.deadline - time.monotonic()))
-        started = time.perf_counter()
-        ok, answer = call_tool(self.services_url, name, arguments, timeout_s=timeout)
-        duration_ms = round((time.perf_counter() - started) * 1000, 2)
-        rendered, limit = json.dumps(answer, ensure_ascii=False), self.config.max_output_chars
-        result = {"ok": ok, "result": answer if len(rendered) <= limit else truncate_middle(rendered, limit)}
-        self._reply(step, call, name, result, duration_ms=duration_ms)
-        return None
+def open_claw_agent(config: AgentConfig, trajectory: Trajectory, closing: list[Any]) -> Agent:
+    """The built-in agent's loop over the Claw tools, with the services started in the working directory."""
+    services = Services(Path.cwd())
+    closing.append(services)
+    tools = ServiceTools(services.url, config.max_output_chars)
+    client = ChatClient(config, tools.tools)
+    closing.append(client)
+    prompt = system_prompt(services.url)
+    return Agent(config, client, trajectory, tools, prompt, start_fields={"services_url": services.url})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one episode in the current directory; exit codes as the built-in agent's."""
-    try:
-        config = parse_args(argv)
-    except (OSError, ValueError) as exc:
-        _progress("bad_arguments", error=str(exc))
-        return EXIT_USAGE
-    trajectory = Trajectory(config.trajectory)
-    try:
-        services = Services(Path.cwd())
-    except (OSError, RuntimeError) as exc:
-        trajectory.write("end", status="error", steps=0, submission=None, error=str(exc))
-        trajectory.close()
-        _progress("end", status="error", steps=0, error=str(exc))
-        return EXIT_ERROR
-    client = ClawChatClient(config, [*openai_tools(), SUBMIT_TOOL])
-    try:
-        outcome = ClawAgent(config, client, trajectory, services.url).run()
-        trajectory.write(
-            "end", status=outcome.status, steps=outcome.steps, submission=outcome.submission, error=outcome.error
-        )
-    finally:
-        client.close()
-        services.close()
-        trajectory.close()
-    _progress("end", status=outcome.status, steps=outcome.steps, error=outcome.error)
-    return EXIT_ERROR if outcome.status == "error" else EXIT_OK
+    return builtin_agent.main(argv, open_claw_agent)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Run inside a sandbox (from the task's working copy) as::
 
 It starts the apps server (``python -m recipes.gui.apps.server`` on the working copy's ``.gui/seed.json``, state
 persisted to ``.gui/state.json``) and Chromium through Playwright with the system executable (no browser download),
-then loops like the built-in agent (``orchard.harnesses.builtin_agent``, whose HTTP client, trajectory and outcome
-it reuses): a chat completion with five tools, then each tool call run in the browser:
+then runs the built-in agent's loop (``orchard.harnesses.builtin_agent``: its HTTP client, trajectory, outcome and
+``Agent``, with the browser's tools): a chat completion with five tools, then each tool call run in the browser:
 
 - ``click(element)``, ``type(element, text, submit=false)`` (a select picks the option with that label, a checkbox
   takes ``true``/``false``), ``scroll(direction)``, ``navigate(url)`` (a path is relative to the apps), and
@@ -48,9 +48,9 @@ from orchard.harnesses.builtin_agent import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    Agent,
     AgentConfig,
     ChatClient,
-    ModelError,
     Outcome,
     Trajectory,
 )
@@ -201,8 +201,10 @@ def image_part(png: bytes) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
 
 
-class BrowserAgent:
-    """The loop: ask the model, run its browser actions, observe, repeat until ``answer`` or a limit."""
+class BrowserAgent(Agent):
+    """The built-in agent's loop with browser actions as its tools: ask the model, run its actions, observe, repeat
+    until ``answer`` or a limit. The task goes in with the first observation; in vision mode each step's actions are
+    followed by a screenshot."""
 
     def __init__(
         self,
@@ -212,12 +214,11 @@ class BrowserAgent:
         trajectory: Trajectory,
         browser: Browser,
     ) -> None:
-        self.config, self.settings, self.client, self.trajectory = config, settings, client, trajectory
-        self.browser = browser
-        self.messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
-        self.deadline = time.monotonic() + config.timeout_s
+        super().__init__(config, client, trajectory, system_prompt=SYSTEM_PROMPT)
+        self.settings, self.browser = settings, browser
+        del self.messages[1:]  # the task goes in with the first page view (run)
 
-    def run(self, start_path: str) -> Outcome:
+    def run(self, start_path: str = "/") -> Outcome:
         """Open the start page, then run to the end; model and tool failures become the outcome."""
         self.browser.navigate(start_path)
         view, shot = self.browser.observe()
@@ -225,16 +226,7 @@ class BrowserAgent:
                               tools=[t["function"]["name"] for t in BROWSER_TOOLS])  # fmt: skip
         first = f"{self.config.task}\n\nThe browser shows:\n{view.render(self.settings.max_view_chars)}"
         self.messages.append(self._user(first, shot))
-        for step in range(1, self.config.max_steps + 1):
-            if time.monotonic() >= self.deadline:
-                return Outcome("timeout", step - 1)
-            try:
-                outcome = self.step(step)
-            except ModelError as exc:
-                return Outcome("error", step, error=str(exc))
-            if outcome is not None:
-                return outcome
-        return Outcome("max_steps", self.config.max_steps)
+        return self.loop()
 
     def _user(self, text: str, shot: bytes | None) -> dict[str, Any]:
         if shot is None:
@@ -242,28 +234,14 @@ class BrowserAgent:
         self.trajectory.write("screenshot", sha256=hashlib.sha256(shot).hexdigest(), bytes=len(shot))
         return {"role": "user", "content": [{"type": "text", "text": text}, image_part(shot)]}
 
-    def step(self, step: int) -> Outcome | None:
-        """One model call, its actions, and the new observation."""
-        started = time.perf_counter()
-        payload = self.client.complete(self.messages)
-        message = payload["choices"][0]["message"]
-        self.trajectory.write("model_call", step=step, latency_ms=round((time.perf_counter() - started) * 1000, 2),
-                              response=payload)  # fmt: skip
-        kept: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        if message.get("tool_calls"):
-            kept["tool_calls"] = message["tool_calls"]
-        self.messages.append(kept)
-        calls = message.get("tool_calls") or []
-        if not calls:
-            return Outcome("stopped", step, submission=message.get("content"))
-        for call in calls:
-            answer = self.call_tool(step, call)
-            if answer is not None:
-                return Outcome("submitted", step, submission=answer)
+    def progress(self, event: str, **fields: Any) -> None:
+        """Nothing per step: ``main`` reports the browser's start and the end on stderr."""
+
+    def after_tool_calls(self, step: int) -> None:
+        """In vision mode, a screenshot of the page after the step's actions."""
         if self.settings.mode == "vision":
             _, shot = self.browser.observe()
             self.messages.append(self._user("Screenshot of the page after your actions.", shot))
-        return None
 
     def call_tool(self, step: int, call: dict[str, Any]) -> str | None:
         """Run one tool call and append the result (with the new text view); the text when it was ``answer``."""
@@ -295,11 +273,6 @@ class BrowserAgent:
         if name == "navigate":
             return self.browser.navigate(str(arguments["url"]))
         raise ValueError(f"unknown tool {name!r}")
-
-    def _reply(self, step: int, call: dict[str, Any], name: Any, content: str) -> None:
-        self.messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": content})
-        self.trajectory.write("tool_result", step=step, tool_call_id=call.get("id"), name=name,
-                              arguments=(call.get("function") or {}).get("arguments"), result=content)  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, BrowserSettings]:

@@ -10,15 +10,12 @@ and ``trajectory.jsonl``; the agent runs in the working copy, where the task's `
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.harnesses.base import HarnessTask, ModelEndpoint, ShellArg, shell_command, write_state_file
-from orchard.harnesses.builtin import TASK_FILE, TRAJECTORY_FILE, BuiltinAgentAdapter
-from orchard.sandbox import Sandbox
+from orchard.harnesses.builtin import AgentPackage, BuiltinAgentAdapter
 from recipes.gui.agent import CHROMIUM
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -26,14 +23,18 @@ RUNTIME_MODULES = (
     "__init__.py", "agent.py", "page_view.py",
     "apps/__init__.py", "apps/core.py", "apps/server.py", "apps/shop.py", "apps/booking.py", "apps/docs.py",
 )  # fmt: skip
-"""What the agent and the apps need inside the sandbox (never the generator, the grader or the references)."""
-SRC = "src"
+"""What the agent and the apps need inside the sandbox (never the generator, the grader or the references). They are
+written into it because the checkout may not be visible there: a private ``/tmp`` hides a checkout there, and a
+shared machine may hide it on purpose."""
 
 
 class BrowserAgentAdapter(BuiltinAgentAdapter):
     """Runs ``python -m recipes.gui.agent`` against the endpoint."""
 
     name = "browser"
+    package = AgentPackage(
+        "recipes.gui.agent", SOURCE_DIR, RUNTIME_MODULES, '"""Orchard recipes (GUI agent only)."""\n'
+    )
 
     def __init__(
         self,
@@ -53,34 +54,6 @@ class BrowserAgentAdapter(BuiltinAgentAdapter):
         )
         self.mode, self.chromium = mode, chromium
 
-    files_in_command = False  # its own command: prepare writes the task text and the agent's source
-
-    def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
-        """Write the task text and the agent's and apps' modules (the checkout may not be visible in the sandbox:
-        a private ``/tmp`` hides a checkout there, and a shared machine may hide it on purpose)."""
-        super().prepare(sandbox, endpoint, task)
-        write_state_file(sandbox, self.state(f"{SRC}/recipes/__init__.py"), '"""Orchard recipes (GUI agent only)."""\n')
-        for module in RUNTIME_MODULES:
-            write_state_file(sandbox, self.state(f"{SRC}/recipes/gui/{module}"), (SOURCE_DIR / module).read_bytes())
-
-    def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
-        """``python -m recipes.gui.agent`` with the endpoint, mode, limits and state file paths."""
-        argv: list[ShellArg] = [
-            self.python, "-P", "-m", "recipes.gui.agent",  # -P: the working copy never shadows the agent
-            "--base-url", endpoint.base_url,
-            "--model", endpoint.model,
-            "--task-file", self.state(TASK_FILE),
-            "--trajectory", self.state(TRAJECTORY_FILE),
-            "--mode", self.mode,
-            "--chromium", self.chromium,
-            "--max-steps", str(task.max_steps),
-            "--timeout", f"{task.timeout_s:g}",
-            "--retries", str(self.retries),
-        ]  # fmt: skip
-        if self.temperature is not None:
-            argv += ["--temperature", f"{self.temperature:g}"]
-        if self.max_tokens is not None:
-            argv += ["--max-tokens", str(self.max_tokens)]
-        if self.extra_body:
-            argv += ["--extra-body", json.dumps(self.extra_body)]
-        return shell_command(argv, exports={"PYTHONPATH": self.state(SRC)})
+    def agent_options(self) -> list[str]:
+        """The browser agent's own options: its mode and the browser executable."""
+        return ["--mode", self.mode, "--chromium", self.chromium]
