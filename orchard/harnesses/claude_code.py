@@ -56,19 +56,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchard.harnesses.base import (
-    HarnessAdapter,
-    HarnessArtifacts,
-    HarnessTask,
-    ModelEndpoint,
-    ShellArg,
-    find_npm_harness,
-    list_state_files,
-    read_state_file,
-    read_state_file_and_changes,
-    shell_command,
-    write_state_file,
-)
+from orchard.harnesses.base import HarnessArtifacts, HarnessTask, ModelEndpoint, ShellArg, find_npm_harness
+from orchard.harnesses.headless import HeadlessCliAdapter
 from orchard.sandbox import Sandbox
 
 CLAUDE_CODE_VERSION = "2.1.332"
@@ -77,8 +66,6 @@ PROJECT_INSTALL = Path(".orchard/harnesses/claude-code/node_modules/.bin/claude"
 """Where ``infra/local/install_harnesses.sh`` puts the executable, relative to the repository root."""
 TOKEN_ENV = "ANTHROPIC_AUTH_TOKEN"  # noqa: S105 - the variable's name, not a secret
 CONFIG_DIR = "config"
-TASK_FILE = "task.md"
-EVENTS_FILE = "events.jsonl"
 POLICY_CAPABILITIES = "-mid_conv_system,-mid_conv_tool_change"
 """What a policy model lacks of the newest Claude models' capabilities (``CLAUDE_CODE_MODEL_CAPABILITIES``)."""
 QUIET = (
@@ -108,10 +95,11 @@ def anthropic_base_url(base_url: str) -> str:
     return base_url.removesuffix("/v1")
 
 
-class ClaudeCodeAdapter(HarnessAdapter):
+class ClaudeCodeAdapter(HeadlessCliAdapter):
     """Runs ``claude -p`` with the proxy as its Anthropic API, its output as ``stream-json`` events."""
 
     name = "claude-code"
+    token_env = TOKEN_ENV  # sent by Claude Code as Authorization: Bearer
 
     def __init__(
         self,
@@ -161,10 +149,6 @@ class ClaudeCodeAdapter(HarnessAdapter):
             env["CLAUDE_CODE_MAX_RETRIES"] = str(self.max_retries)
         return env | self.extra_env
 
-    def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
-        """Write the task text (its directory is the state directory the events and ``$CLAUDE_CONFIG_DIR`` use)."""
-        write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
-
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``claude -p`` headless, the task file on stdin, ``stream-json`` events into ``events.jsonl``."""
         argv: list[ShellArg] = [
@@ -172,30 +156,20 @@ class ClaudeCodeAdapter(HarnessAdapter):
             "--model", endpoint.model, "--max-turns", str(task.max_steps),
         ]  # fmt: skip
         exports: dict[str, ShellArg] = {"CLAUDE_CONFIG_DIR": self.state(CONFIG_DIR), **self.settings_env(endpoint)}
-        *shell, script = shell_command(argv, exports=exports)
-        return [*shell, f"{script} < {self.state(TASK_FILE).shell()} > {self.state(EVENTS_FILE).shell()}"]
-
-    def environment(self, endpoint: ModelEndpoint, task: HarnessTask) -> dict[str, str]:
-        """The proxy token, sent by Claude Code as ``Authorization: Bearer``."""
-        return {TOKEN_ENV: endpoint.api_key.get_secret_value()}
+        return self.headless_command(argv, exports)
 
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
         """The event stream and session transcripts, how the run ended, its result text, the working copy's patch."""
-        events, patch, changed = read_state_file_and_changes(sandbox, self.name, EVENTS_FILE, task.workdir)
-        trajectory = {self.state(EVENTS_FILE).display(): events} if events else {}
-        for relpath in list_state_files(sandbox, self.name, f"{CONFIG_DIR}/projects", ".jsonl"):
-            text = read_state_file(sandbox, self.name, relpath)
-            if text is not None:
-                trajectory[self.state(relpath).display()] = text
-        result = result_event(events or "")
+        output = self.collect_output(sandbox, task, f"{CONFIG_DIR}/projects", ".jsonl")
+        result = result_event(output.events)
         message = result.get("result") if result else None
         return HarnessArtifacts(
             harness=self.name,
             exit_status=exit_status(result),
             final_message=message if isinstance(message, str) else None,
-            trajectory=trajectory,
-            patch=patch,
-            changed_files=changed,
+            trajectory=self.events_trajectory(output) | output.files,
+            patch=output.patch,
+            changed_files=output.changed_files,
         )
 
 

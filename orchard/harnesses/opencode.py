@@ -53,19 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from orchard.harnesses.base import (
-    HarnessAdapter,
     HarnessArtifacts,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
     find_npm_harness,
-    list_state_files,
     merge_config,
-    read_state_file,
-    read_state_file_and_changes,
-    shell_command,
     write_state_file,
 )
+from orchard.harnesses.headless import HeadlessCliAdapter, check_token_limits
 from orchard.sandbox import Sandbox
 
 OPENCODE_VERSION = "1.18.33"
@@ -75,8 +71,6 @@ PROJECT_INSTALL = Path(".orchard/harnesses/opencode/node_modules/.bin/opencode")
 API_KEY_ENV = "ORCHARD_API_KEY"
 PROVIDER_ID = "orchard"
 CONFIG_FILE = "opencode.json"
-TASK_FILE = "task.md"
-EVENTS_FILE = "events.jsonl"
 XDG = {"XDG_CONFIG_HOME": "config", "XDG_DATA_HOME": "data", "XDG_CACHE_HOME": "cache", "XDG_STATE_HOME": "state"}
 QUIET = (
     "OPENCODE_DISABLE_AUTOUPDATE", "OPENCODE_DISABLE_MODELS_FETCH", "OPENCODE_DISABLE_LSP_DOWNLOAD",
@@ -93,10 +87,11 @@ def find_opencode() -> str:
     )
 
 
-class OpencodeAdapter(HarnessAdapter):
+class OpencodeAdapter(HeadlessCliAdapter):
     """Runs ``opencode run`` with a custom OpenAI-compatible provider whose base URL is the endpoint."""
 
     name = "opencode"
+    token_env = API_KEY_ENV  # read by the provider's {env:ORCHARD_API_KEY}
 
     def __init__(
         self,
@@ -109,8 +104,7 @@ class OpencodeAdapter(HarnessAdapter):
         ``context_tokens`` / ``output_tokens``: the model's ``limit`` opencode plans its context and replies with.
         ``extra_config``: merged into ``opencode.json`` (mappings merge key by key), e.g. ``{"agent": {"build":
         {"temperature": 0.7}}}``."""
-        if context_tokens < 1 or output_tokens < 1:
-            raise ValueError(f"token limits must be positive, got {context_tokens} and {output_tokens}")
+        check_token_limits(context_tokens, output_tokens)
         self.executable = executable or find_opencode()
         self.context_tokens, self.output_tokens = context_tokens, output_tokens
         self.extra_config = dict(extra_config or {})
@@ -140,7 +134,7 @@ class OpencodeAdapter(HarnessAdapter):
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
         """Write ``opencode.json`` and the task text."""
         write_state_file(sandbox, self.state(CONFIG_FILE), json.dumps(self.config(endpoint, task), indent=2))
-        write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
+        super().prepare(sandbox, endpoint, task)
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``opencode run`` headless, the task file on stdin, JSON events into ``events.jsonl``."""
@@ -150,31 +144,20 @@ class OpencodeAdapter(HarnessAdapter):
         ]  # fmt: skip
         exports: dict[str, ShellArg] = {key: self.state(sub) for key, sub in XDG.items()}
         exports |= {"OPENCODE_CONFIG": self.state(CONFIG_FILE), **dict.fromkeys(QUIET, "1")}
-        *shell, script = shell_command(argv, exports=exports)
-        return [*shell, f"{script} < {self.state(TASK_FILE).shell()} > {self.state(EVENTS_FILE).shell()}"]
-
-    def environment(self, endpoint: ModelEndpoint, task: HarnessTask) -> dict[str, str]:
-        """The proxy token, read by the provider's ``{env:ORCHARD_API_KEY}``."""
-        return {API_KEY_ENV: endpoint.api_key.get_secret_value()}
+        return self.headless_command(argv, exports)
 
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
         """The events, how the run ended, the last text, opencode's log and the working copy's patch."""
-        events, patch, changed = read_state_file_and_changes(sandbox, self.name, EVENTS_FILE, task.workdir)
-        events = events or ""
-        logs: dict[str, str] = {}
-        for relpath in list_state_files(sandbox, self.name, "data/opencode/log", ".log"):
-            text = read_state_file(sandbox, self.name, relpath)
-            if text is not None:
-                logs[self.state(relpath).display()] = text
-        parsed = parse_events(events)
+        output = self.collect_output(sandbox, task, "data/opencode/log", ".log")
+        parsed = parse_events(output.events)
         return HarnessArtifacts(
             harness=self.name,
             exit_status=run_status(parsed),
             final_message=last_text(parsed),
-            trajectory={self.state(EVENTS_FILE).display(): events} if events else {},
-            patch=patch,
-            changed_files=changed,
-            logs=logs,
+            trajectory=self.events_trajectory(output),
+            patch=output.patch,
+            changed_files=output.changed_files,
+            logs=output.files,
         )
 
 

@@ -49,19 +49,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchard.harnesses.base import (
-    HarnessAdapter,
     HarnessArtifacts,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
     find_npm_harness,
-    list_state_files,
     merge_config,
-    read_state_file,
-    read_state_file_and_changes,
-    shell_command,
     write_state_file,
 )
+from orchard.harnesses.headless import HeadlessCliAdapter, check_token_limits
 from orchard.sandbox import Sandbox
 
 PI_VERSION = "0.73.1"
@@ -72,8 +68,6 @@ API_KEY_ENV = "ORCHARD_API_KEY"
 PROVIDER_ID = "orchard"
 AGENT_DIR = "agent"
 SESSIONS_DIR = "sessions"
-TASK_FILE = "task.md"
-EVENTS_FILE = "events.jsonl"
 QUIET = {"PI_OFFLINE": "1", "PI_TELEMETRY": "0", "PI_SKIP_VERSION_CHECK": "1"}
 
 PiApi = Literal["openai-completions", "openai-responses"]
@@ -86,10 +80,11 @@ def find_pi() -> str:
     )
 
 
-class PiAdapter(HarnessAdapter):
+class PiAdapter(HeadlessCliAdapter):
     """Runs ``pi -p --mode json`` with a custom provider whose base URL is the endpoint."""
 
     name = "pi"
+    token_env = API_KEY_ENV  # the variable the provider's apiKey names
 
     def __init__(
         self,
@@ -102,8 +97,7 @@ class PiAdapter(HarnessAdapter):
         """``executable``: the ``pi`` command inside the sandbox (default: ``find_pi()``). ``api``: the OpenAI API
         pi speaks. ``context_tokens`` / ``output_tokens``: the model's ``contextWindow`` and ``maxTokens``.
         ``extra_models``: merged into ``models.json`` (mappings merge key by key)."""
-        if context_tokens < 1 or output_tokens < 1:
-            raise ValueError(f"token limits must be positive, got {context_tokens} and {output_tokens}")
+        check_token_limits(context_tokens, output_tokens)
         self.executable = executable or find_pi()
         self.api = api
         self.context_tokens, self.output_tokens = context_tokens, output_tokens
@@ -134,7 +128,7 @@ class PiAdapter(HarnessAdapter):
         """Write ``models.json``, ``settings.json`` and the task text."""
         write_state_file(sandbox, self.state(f"{AGENT_DIR}/models.json"), json.dumps(self.models(endpoint), indent=2))
         write_state_file(sandbox, self.state(f"{AGENT_DIR}/settings.json"), json.dumps(self.settings(endpoint)))
-        write_state_file(sandbox, self.state(TASK_FILE), task.instruction)
+        super().prepare(sandbox, endpoint, task)
 
     def command(self, endpoint: ModelEndpoint, task: HarnessTask) -> list[str]:
         """``pi -p --mode json``, the task file on stdin, the events into ``events.jsonl``."""
@@ -143,30 +137,19 @@ class PiAdapter(HarnessAdapter):
             "--session-dir", self.state(SESSIONS_DIR),
         ]  # fmt: skip
         exports: dict[str, ShellArg] = {"PI_CODING_AGENT_DIR": self.state(AGENT_DIR), **QUIET}
-        *shell, script = shell_command(argv, exports=exports)
-        return [*shell, f"{script} < {self.state(TASK_FILE).shell()} > {self.state(EVENTS_FILE).shell()}"]
-
-    def environment(self, endpoint: ModelEndpoint, task: HarnessTask) -> dict[str, str]:
-        """The proxy token, under the name the provider's ``apiKey`` gives."""
-        return {API_KEY_ENV: endpoint.api_key.get_secret_value()}
+        return self.headless_command(argv, exports)
 
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
         """The events and sessions, how the run ended, the last message, the working copy's patch."""
-        events, patch, changed = read_state_file_and_changes(sandbox, self.name, EVENTS_FILE, task.workdir)
-        events = events or ""
-        trajectory = {self.state(EVENTS_FILE).display(): events} if events else {}
-        for relpath in list_state_files(sandbox, self.name, SESSIONS_DIR, ".jsonl"):
-            text = read_state_file(sandbox, self.name, relpath)
-            if text is not None:
-                trajectory[self.state(relpath).display()] = text
-        last = last_assistant(events)
+        output = self.collect_output(sandbox, task, SESSIONS_DIR, ".jsonl")
+        last = last_assistant(output.events)
         return HarnessArtifacts(
             harness=self.name,
             exit_status=str(last["stopReason"]) if last and last.get("stopReason") else None,
             final_message=message_text(last),
-            trajectory=trajectory,
-            patch=patch,
-            changed_files=changed,
+            trajectory=self.events_trajectory(output) | output.files,
+            patch=output.patch,
+            changed_files=output.changed_files,
         )
 
 
