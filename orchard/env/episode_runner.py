@@ -50,9 +50,9 @@ from orchard.harnesses.base import (
     HarnessTask,
     ModelEndpoint,
     PhaseHook,
-    get_adapter,
     run_harness,
 )
+from orchard.harnesses.factory import HarnessConfig, open_harness
 from orchard.logging import get_logger
 from orchard.sandbox import Runtime, Sandbox, SandboxSpec
 from orchard.topics import OUTCOMES
@@ -306,7 +306,7 @@ def _threadsafe_phases(emit: EventSink) -> PhaseHook:
 
 
 def _adapter(request: dict[str, Any]) -> HarnessAdapter:
-    return get_adapter(request["harness"], **request.get("options", {}).get("harness", {}))
+    return open_harness(HarnessConfig(type=request["harness"], options=request.get("options", {}).get("harness", {})))
 
 
 def harness_end(run: HarnessRun, calls_received: int) -> EpisodeState | None:

@@ -12,17 +12,21 @@ from typing import Any
 __all__ = [
     "HarnessAdapter",
     "HarnessArtifacts",
+    "HarnessConfig",
     "HarnessRun",
     "HarnessTask",
     "ModelEndpoint",
     "adapter_names",
     "get_adapter",
+    "open_harness",
     "register_adapter",
     "run_harness",
 ]
+_FACTORY_NAMES = ("HarnessConfig", "open_harness")
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("orchard.harnesses.base"), name)
+        module = "orchard.harnesses.factory" if name in _FACTORY_NAMES else "orchard.harnesses.base"
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
