@@ -15,6 +15,12 @@ def is_eval_group(group_id: str) -> bool:
     return group_id.startswith(EVAL_GROUP_PREFIX)
 
 
+def demo_episode_id(task_id: str, index: int) -> str:
+    """The id of demonstration ``index`` of a task, as the recipes' scripted experts name their plans
+    (``orchard rollout run --demos`` submits it in group ``demo-<task_id>``)."""
+    return f"demo-{task_id}-{index}"
+
+
 def stream_key(task_id: str) -> str:
     """The bus key of an episode's ``Trajectory`` and ``StepScore`` records: its task.
 

@@ -103,6 +103,24 @@ def engine_scripted(
     serve_engine(ScriptedEngineConfig(plan=plan, host=host, port=port, policy_version=policy_version))
 
 
+@engine_app.command("expert")
+def engine_expert(
+    directory: Path = typer.Argument(..., help="A scripted expert's output: one plan per episode under plans/."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    policy_version: int = typer.Option(0, "--policy-version", min=0),
+    tokenizer: str = typer.Option("tiny", "--tokenizer", help="The policy's tokenizer: tiny, a directory, or none."),
+    latency_s: float = typer.Option(
+        0.0, "--latency-s", min=0.0, help="Answer each episode's request this many seconds after it arrived."
+    ),
+    model: str | None = typer.Option(None, "--model", help="Model id /v1/models lists to a request naming no episode."),
+) -> None:
+    """Serve a scripted expert's plans, each to the episode the recording proxy names (X-Orchard-Episode-Id)."""
+    from orchard.engines.expert import DEFAULT_MODEL, serve_expert
+
+    serve_expert(directory, host, port, policy_version, tokenizer, latency_s, model or DEFAULT_MODEL)
+
+
 @proxy_app.command("serve")
 def proxy_serve(
     ctx: typer.Context,

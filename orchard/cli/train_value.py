@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from orchard.bus import Bus
+    from orchard.config import OrchardConfig
     from orchard.evaluation.breakdown import LabelGroup
     from orchard.evaluation.cost import EvalCost
     from orchard.evaluation.heldout import HeldoutResult, Picker
@@ -112,6 +113,8 @@ class HeldoutOptions:
     attempts: int | None = None
     by: tuple[str, ...] = ()
     greedy_first: bool = False
+    wait_for_engine: str | None = None
+    wait_timeout_s: float = 600.0
 
     def missing(self) -> list[str]:
         """The required options not given."""
@@ -176,6 +179,15 @@ def eval_rerank(
     ),
     temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (harness)."),
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1.0, help="Longest wait for the outcomes, seconds."),
+    wait_for_engine: str | None = typer.Option(
+        None,
+        "--wait-for-engine",
+        metavar="URL",
+        help="With --tasks: first wait until the engine at URL (without /v1) serves the run's newest policy version.",
+    ),
+    wait_timeout_s: float = typer.Option(
+        600.0, "--wait-timeout", min=0.0, help="Longest wait for --wait-for-engine, seconds (then exit 1)."
+    ),
     ci: str = typer.Option("normal", "--reward-ci", help="Interval of the mean reward: normal or bootstrap."),
     plot: bool = typer.Option(False, "--plot", help="Write RUN_DIR/reward_curve.png from the run's outcomes."),
     window: int = typer.Option(50, "--window", min=1, help="Episodes in the rolling means of --plot."),
@@ -189,12 +201,14 @@ def eval_rerank(
         )
     if tasks is None and (attempts is not None or by or greedy_first):
         raise OrchardError("--attempts, --by and --greedy-first belong to a held-out evaluation: give --tasks")
+    if tasks is None and wait_for_engine:
+        raise OrchardError("--wait-for-engine belongs to a held-out evaluation: give --tasks")
     if plot:
         _plot(ctx, run_dir, window)
     elif tasks is not None:
         options = HeldoutOptions(
             tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts,
-            tuple(by or ()), greedy_first,
+            tuple(by or ()), greedy_first, wait_for_engine, wait_timeout_s,
         )  # fmt: skip
         _heldout(ctx, options, rerank, value_model, name)
     else:
@@ -238,6 +252,8 @@ def _heldout(
     _use_run_config(ctx, options.run_dir)
     cli = state(ctx)
     config = cli.config()
+    if options.wait_for_engine:
+        _wait_for_engine(options.wait_for_engine, config, options.wait_timeout_s)
     tasks = tasks_in(options.tasks)
     labels = {task.task_id: task.labels for task in tasks}
     samples, selection = _selection(options.attempts, rerank)
@@ -262,6 +278,15 @@ def _heldout(
     rows = record_stage(options.run_dir, result)
     _print_heldout(result, options.run_dir)
     _print_paired(next(row for row in rows if row.stage == result.stage))
+
+
+def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float) -> None:
+    """Wait until ``engine`` serves the run's newest policy version, so the evaluation measures the policy the stage
+    trained and not the one before it (the reloading engine picks new weights up a moment after they are published)."""
+    from orchard.run.stages import wait_for_newest_policy
+
+    if wait_for_newest_policy(engine, config.bus, config.run_id, timeout_s) is None:
+        raise OrchardError(f"the engine at {engine} did not serve the run's newest policy version within {timeout_s}s")
 
 
 def _selection(attempts: int | None, rerank: int | None) -> tuple[int, str]:

@@ -27,6 +27,7 @@ from consumers.start import STAGE_STARTED_ENV
 from orchard.bus import Bus, Consumer, Record, TopicPartition, open_bus, read_until_quiet
 from orchard.codec import Codec
 from orchard.config import BusConfig
+from orchard.evaluation.engine_wait import wait_until_served
 from orchard.logging import get_logger
 from orchard.run.config import RunConfig, StageConfig
 from orchard.serialization_errors import SerializationError
@@ -230,6 +231,16 @@ class BusProbe:
         if self._bus is None:
             self._bus = open_bus(self.bus_config)
         return self._bus
+
+
+def wait_for_newest_policy(engine: str, bus_config: BusConfig, run_id: str, timeout_s: float) -> int | None:
+    """Wait until ``engine`` serves the newest policy version of run ``run_id`` on the bus; return the version it
+    serves (None: it did not get there within ``timeout_s``). ``orchard eval --wait-for-engine`` runs this."""
+    probe = BusProbe(bus_config, run_id)
+    try:
+        return wait_until_served(engine, probe.policy_version, timeout_s)
+    finally:
+        probe.close()
 
 
 class StageRunner:

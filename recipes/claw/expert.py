@@ -6,7 +6,7 @@ then ``submit``. A configurable share of demonstrations replays the task's wrong
 failure with partial-progress signals: material for credit-assignment SFT). Which one an episode gets is a pure
 function of the seed and the episode id.
 
-Plans are served by ``recipes.file_lookup.expert.ExpertBackend`` (one OpenAI-compatible app, a plan per episode id).
+Plans are served by ``orchard.engines.expert.ExpertBackend`` (one OpenAI-compatible app, a plan per episode id).
 
 Run: ``python -m recipes.claw.expert plan TASKS_OUT OUT_DIR [--split train] [--episodes-per-task 1]
 [--wrong-fraction 0] [--seed 0]`` writes ``OUT_DIR/plans/<episode_id>.yaml`` and ``OUT_DIR/demonstrations.jsonl``;
@@ -24,10 +24,11 @@ from typing import Any
 
 import yaml
 
+from orchard.engines.expert import serve_expert
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
+from orchard.episode_groups import demo_episode_id
 from orchard.logging import get_logger
 from recipes.claw.tasks import SOLUTIONS_DIR, Split
-from recipes.file_lookup.expert import demo_episode_id, serve
 
 log = get_logger("recipes.claw.expert")
 MODEL = "claw-expert"
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--tokenizer", default="tiny", help="The policy's tokenizer: tiny, a directory, or none.")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args.out, args.host, args.port, args.policy_version, args.tokenizer)
+        serve_expert(args.out, args.host, args.port, args.policy_version, args.tokenizer)
         return 0
     write_demonstrations(args.tasks, args.out, args.split, args.episodes_per_task, args.wrong_fraction, args.seed)
     return 0

@@ -10,7 +10,7 @@
 - ``RUN_DIR/demos/plans/<episode_id>.yaml``: the scripted expert's plan of every demonstration (``recipes.claw.expert``;
   hidden from sandboxes too), and ``RUN_DIR/demos/demonstrations.jsonl`` (episode id, task id, ``solution``:
   ``reference`` or ``wrong``), which ``orchard rollout run --demos`` submits and
-  ``python -m recipes.file_lookup.expert serve`` serves.
+  ``orchard engine expert`` serves.
 
 Every train task gets ``episodes_per_task`` demonstrations; each replays the task's wrong solution with probability
 ``wrong_fraction`` (a pure function of the expert seed and the episode id), else its reference. A wrong one is graded

@@ -19,49 +19,39 @@ kind                  tool calls                                            succ
 (``wrong_key`` needs two keys per file, the ``OTHER`` kinds two files; where a task lacks them the expert falls back
 to ``wrong_file`` or ``no_read``.) Which kind an episode gets is a pure function of the seed and the episode id.
 
-``ExpertBackend`` is one OpenAI-compatible ASGI app for many episodes: it answers each request with the plan
-registered for the episode the recording proxy names in ``X-Orchard-Episode-Id``.
+The plans are served by Orchard's expert backend (``orchard.engines.expert.ExpertBackend``): one OpenAI-compatible
+ASGI app for many episodes, answering each request with the plan of the episode the recording proxy names in
+``X-Orchard-Episode-Id``.
 
 Run: ``python -m recipes.file_lookup.expert plan TASKS_DIR OUT_DIR [--episodes-per-task 1] [--imperfect-fraction
 0.3] [--seed 0]`` writes ``OUT_DIR/plans/<episode_id>.yaml`` (one ``ScriptedPlan`` each; episode ids from
-``demo_episode_id``) and ``OUT_DIR/demonstrations.jsonl`` (episode id, task id, kind, answer);
-``python -m recipes.file_lookup.expert serve OUT_DIR --port 8000`` serves them (``ExpertBackend.from_directory``).
+``orchard.episode_groups.demo_episode_id``) and ``OUT_DIR/demonstrations.jsonl`` (episode id, task id, kind, answer);
+``python -m recipes.file_lookup.expert serve OUT_DIR --port 8000`` serves them (``orchard engine expert OUT_DIR`` with
+this expert's model id).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.engines.scripted import (
-    ScriptedPlan,
-    ScriptedStep,
-    ScriptedToolCall,
-    TraceTokenizer,
-    create_scripted_app,
-)
+from orchard.engines.expert import serve_expert
+from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
+from orchard.episode_groups import demo_episode_id
 from orchard.logging import get_logger
 from recipes.file_lookup.generate import ANSWER_FILE, VALUE_RANGE, LookupTask
 
 log = get_logger("recipes.file_lookup.expert")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-EPISODE_HEADER = b"x-orchard-episode-id"
 FINAL_TEXT = "done"
 
 
@@ -118,11 +108,6 @@ def write(value: str) -> ScriptedStep:
     return shell(f"echo {value} > {ANSWER_FILE}")
 
 
-def demo_episode_id(task_id: str, index: int) -> str:
-    """The id of demonstration ``index`` of a task (what ``main`` and ``orchard run`` use)."""
-    return f"demo-{task_id}-{index}"
-
-
 class Expert:
     """Builds demonstrations; the kind of each is a pure function of the seed and the episode id."""
 
@@ -175,83 +160,6 @@ def _steps(task: LookupTask, kind: DemoKind, rng: random.Random) -> tuple[list[S
     return [read, submit()], None
 
 
-class ExpertBackend:
-    """An OpenAI-compatible ASGI app answering each episode's requests with the plan registered for that episode.
-
-    Each registered episode gets its own scripted app (its own cursor); a request for an episode with no plan is
-    answered 404, naming the episode, so a mis-wired run fails loudly instead of recording a silent "done".
-    """
-
-    def __init__(
-        self,
-        model: str = "file-lookup-expert",
-        policy_version: int = 0,
-        tokenizer: TraceTokenizer | None = None,
-        latency_s: float = 0.0,
-    ) -> None:
-        """``tokenizer``: report the policy's own token ids (so demonstrations can be trained on). ``latency_s``:
-        answer each episode's request that long after it arrived, as a model would (a fault test needs episodes
-        still running while it breaks something)."""
-        if latency_s < 0:
-            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
-        self.model, self.policy_version, self.tokenizer, self.latency_s = model, policy_version, tokenizer, latency_s
-        self._apps: dict[str, ASGIApp] = {}
-        self._models: ASGIApp = create_scripted_app(ScriptedPlan(model=model), policy_version)
-
-    def __len__(self) -> int:
-        """Episodes with a plan."""
-        return len(self._apps)
-
-    def register(self, episode_id: str, plan: ScriptedPlan) -> None:
-        """Answer ``episode_id``'s requests with ``plan`` (from its first step)."""
-        self._apps[episode_id] = create_scripted_app(plan, self.policy_version, self.tokenizer)
-
-    @classmethod
-    def from_directory(
-        cls, directory: Path, policy_version: int = 0, tokenizer: TraceTokenizer | None = None, latency_s: float = 0.0
-    ) -> ExpertBackend:
-        """A backend serving every plan ``main`` wrote under ``directory/plans``."""
-        backend = cls(policy_version=policy_version, tokenizer=tokenizer, latency_s=latency_s)
-        for path in sorted((directory / "plans").glob("*.yaml")):
-            backend.register(path.stem, ScriptedPlan.from_file(path))
-        return backend
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Dispatch by the episode header; lifespan events are acknowledged, ``/v1/models`` served to anyone."""
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        episode_id = headers.get(EPISODE_HEADER, b"").decode("latin-1")
-        app = self._apps.get(episode_id)
-        if app is None and scope.get("path") == "/v1/models":
-            app = self._models
-        if app is None:
-            await _not_found(send, episode_id)
-            return
-        if self.latency_s and episode_id:
-            await asyncio.sleep(self.latency_s)
-        await app(scope, receive, send)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-async def _not_found(send: Send, episode_id: str) -> None:
-    message = f"no expert plan for episode {episode_id!r}" if episode_id else "no X-Orchard-Episode-Id header"
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": "unknown_episode"}})
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 404, "headers": headers})
-    await send({"type": "http.response.body", "body": body.encode()})
-
-
 def write_demonstrations(tasks_dir: Path, out: Path, expert: Expert, episodes_per_task: int = 1) -> list[Demonstration]:
     """Plan ``episodes_per_task`` demonstrations of every task under ``tasks_dir`` into ``out``."""
     (out / "plans").mkdir(parents=True, exist_ok=True)
@@ -281,28 +189,6 @@ def _counts(demos: Sequence[Demonstration]) -> Mapping[str, int]:
     return counts
 
 
-def serve(
-    directory: Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    policy_version: int = 0,
-    tokenizer: str = "tiny",
-    latency_s: float = 0.0,
-) -> None:
-    """Serve the plans under ``directory`` (written by ``write_demonstrations``) until interrupted.
-
-    ``tokenizer``: the policy's (``tiny`` or a tokenizer directory), so the recorded demonstrations carry token ids
-    the policy can be trained on; ``none`` keeps the scripted backend's own byte tokens."""
-    chat = None
-    if tokenizer != "none":
-        from orchard.datasets.conversation import ChatTokenizer
-
-        chat = ChatTokenizer.load(tokenizer)
-    backend = ExpertBackend.from_directory(directory, policy_version, chat, latency_s)
-    log.info("serving expert plans", plans=len(backend), host=host, port=port, latency_s=latency_s)
-    uvicorn.run(backend, host=host, port=port, log_level="warning", lifespan="off", ws="none")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``python -m recipes.file_lookup.expert plan TASKS_DIR OUT_DIR`` or ``... serve OUT_DIR``."""
     parser = argparse.ArgumentParser(prog="python -m recipes.file_lookup.expert", description=__doc__.split("\n")[0])
@@ -325,7 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         if args.latency_s < 0:
             parser.error(f"--latency-s must be >= 0, got {args.latency_s}")
-        serve(args.out, args.host, args.port, args.policy_version, args.tokenizer, args.latency_s)
+        serve_expert(
+            args.out, args.host, args.port, args.policy_version, args.tokenizer, args.latency_s, ExpertConfig().model
+        )
         return 0
     config = ExpertConfig(seed=args.seed, imperfect_fraction=args.imperfect_fraction)
     write_demonstrations(args.tasks, args.out, Expert(config), args.episodes_per_task)

@@ -11,7 +11,7 @@
 - ``RUN_DIR/demos/plans/<episode_id>.yaml``: the scripted expert's plan of every demonstration (a ``ScriptedPlan``
   for the ``browser`` harness: one tool call per model turn, elements named by their exact accessible names), and
   ``RUN_DIR/demos/demonstrations.jsonl`` (episode id, task id, kind, answer), which ``orchard rollout run --demos``
-  submits and ``python -m recipes.file_lookup.expert serve`` serves.
+  submits and ``orchard engine expert`` serves.
 
 Every train task gets ``episodes_per_task`` demonstrations. The first replays the reference (``reference``); each
 further one is, with probability ``failing_fraction`` (seeded by task and index, so the same options give the same
@@ -43,6 +43,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
+from orchard.episode_groups import demo_episode_id
 from orchard.logging import get_logger
 from recipes.gui.tasks import FAMILIES, GuiTask, SuiteConfig, make_task, reference_record, write_task
 from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
@@ -100,11 +101,6 @@ class DemoConfig(BaseModel):
     failing_fraction: float = Field(0.3, ge=0.0, le=1.0, description="Chance a later demonstration is imperfect.")
     seed: int = Field(0, description="Seed of the choice of imperfect demonstrations.")
     model: str = Field(EXPERT_MODEL, min_length=1, description="Model id of the plans.")
-
-
-def demo_episode_id(task_id: str, index: int) -> str:
-    """The id of demonstration ``index`` of a task."""
-    return f"demo-{task_id}-{index}"
 
 
 def demo_kind(task: GuiTask, index: int, config: DemoConfig) -> DemoKind:

@@ -24,7 +24,7 @@ dialect             a command                            the end
 
 Run: ``python -m recipes.swe.expert SUITE_DIR OUT_DIR [--harness builtin] [--split train] [--python python3]
 [--no-fix]`` writes ``OUT_DIR/plans/<episode_id>.yaml`` (episode ids from ``expert_episode_id``), which
-``python -m recipes.file_lookup.expert serve OUT_DIR`` serves by episode id.
+``orchard engine expert OUT_DIR`` serves by episode id.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 - ``RUN_DIR/tasks/{train,eval}/<instance_id>/`` and ``RUN_DIR/tasks/manifest.json`` (``recipes.swe.build``);
 - ``RUN_DIR/demos/plans/<episode_id>.yaml``: the scripted expert's plan of every demonstration episode, in the
   harness's dialect (``recipes.swe.expert``), and ``RUN_DIR/demos/demonstrations.jsonl`` (episode id, task id, kind),
-  which ``orchard rollout run --demos`` submits and ``python -m recipes.file_lookup.expert serve`` serves.
+  which ``orchard rollout run --demos`` submits and ``orchard engine expert`` serves.
 
 Every train instance gets ``episodes_per_task`` demonstrations. The first always applies the reference fix; each
 further one is, with probability ``failing_fraction`` (seeded by instance and index, so the same options give the

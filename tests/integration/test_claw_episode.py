@@ -14,6 +14,7 @@ import pytest
 
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig
+from orchard.engines.expert import ExpertBackend
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
 from orchard.sandbox.local.runtime import LocalRuntime
@@ -22,7 +23,6 @@ from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from recipes.claw.expert import MODEL, solution_plan
 from recipes.claw.harness import register
 from recipes.claw.tasks import ClawConfig, generate, load_solutions
-from recipes.file_lookup.expert import ExpertBackend
 from tests.integration.test_episodes import ADMIN, RequestLog, read, run_episodes
 
 pytestmark = [pytest.mark.harness]

@@ -15,6 +15,7 @@ import pytest
 
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig
+from orchard.engines.expert import ExpertBackend
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
@@ -24,7 +25,6 @@ from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from recipes.claw.expert import MODEL
 from recipes.claw.openclaw import default_prefix, installation, openclaw_tool_call, register
 from recipes.claw.tasks import ClawConfig, generate, load_solutions
-from recipes.file_lookup.expert import ExpertBackend
 from tests.integration.test_episodes import ADMIN, RequestLog, read, run_episodes
 
 PREFIX = default_prefix()

@@ -15,6 +15,7 @@ from orchard.bus import open_bus
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.datasets.conversation import ChatTokenizer
+from orchard.engines.expert import ExpertBackend
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
 from orchard.env.tasks import TaskCatalog
@@ -22,7 +23,7 @@ from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from orchard.trajectory import trajectory_from_records
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
-from recipes.file_lookup.expert import DemoKind, Expert, ExpertBackend
+from recipes.file_lookup.expert import DemoKind, Expert
 from recipes.file_lookup.generate import LookupConfig, LookupTask, generate
 
 pytestmark = [pytest.mark.harness]

@@ -16,6 +16,7 @@ import pytest
 
 from orchard.bus import open_bus
 from orchard.config import EmbeddedBusConfig, LocalStoreConfig
+from orchard.engines.expert import ExpertBackend
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
@@ -25,7 +26,6 @@ from orchard.store import open_store
 from orchard.topics import MODEL_CALLS, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
 from producers.proxy.images import REF_PREFIX, ImageRecorder, referenced_digests, restore_images, store_key
-from recipes.file_lookup.expert import ExpertBackend
 from recipes.gui.harness import BrowserAgentAdapter
 from recipes.gui.tasks import SuiteConfig, make_task, write_task
 from tests.integration.test_episodes import ADMIN, RequestLog, read, run_episodes

@@ -22,6 +22,7 @@ from orchard.cli.common import CliState
 from orchard.cli.train_value import eval_rerank
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
+from orchard.engines.expert import ExpertBackend
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
 from orchard.env.scheduler import Scheduler
 from orchard.env.service import create_env_app
@@ -33,7 +34,7 @@ from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.tokens import pack_logprobs, pack_token_ids
 from orchard.topics import OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
-from recipes.file_lookup.expert import DemoKind, Expert, ExpertBackend
+from recipes.file_lookup.expert import DemoKind, Expert
 from recipes.file_lookup.generate import LookupConfig, LookupTask, generate
 
 pytestmark = [pytest.mark.harness]

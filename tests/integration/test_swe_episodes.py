@@ -17,6 +17,7 @@ import pytest
 from orchard.bus import open_bus
 from orchard.cli.serve import sandbox_hidden_paths
 from orchard.config import EmbeddedBusConfig, OrchardConfig
+from orchard.engines.expert import ExpertBackend
 from orchard.engines.scripted import ScriptedPlan
 from orchard.env.scheduler import EpisodeState
 from orchard.env.tasks import TaskCatalog
@@ -25,7 +26,6 @@ from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.tokens import unpack_logprobs, unpack_token_ids
 from orchard.topics import MODEL_CALLS, OUTCOMES, STANDARD_TOPICS
 from producers.proxy import BackgroundServer, ProxySettings, create_proxy_app
-from recipes.file_lookup.expert import ExpertBackend
 from recipes.swe.build import SUITE_DIR, BuildConfig, write_task
 from recipes.swe.expert import DIALECTS, MODEL, Dialect, dialect_steps, expert_episode_id, expert_plan
 from tests.integration.test_episodes import (

@@ -33,6 +33,7 @@ from orchard.bus import Bus, Producer, open_bus
 from orchard.cli.serve import sandbox_hidden_paths
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig, OrchardConfig
+from orchard.engines.expert import ExpertBackend
 from orchard.engines.scripted import ScriptedPlan
 from orchard.env.episode_runner import LocalEpisodeRunner, ProxyAdmin
 from orchard.env.scheduler import Episode, EpisodeState, Scheduler
@@ -43,7 +44,6 @@ from orchard.sandbox.api import create_sandbox_app
 from orchard.sandbox.local.runtime import LocalRuntime
 from orchard.topics import OUTCOMES, STANDARD_TOPICS
 from producers.proxy import ProxySettings, create_proxy_app
-from recipes.file_lookup.expert import ExpertBackend
 from recipes.file_lookup.generate import LookupConfig, LookupTask, generate
 from recipes.swe.build import SUITE_DIR, BuildConfig, write_task
 from tests.integration.test_episodes import RequestLog

@@ -185,3 +185,15 @@ def test_eval_options_of_a_held_out_evaluation_without_tasks_are_refused_by_name
     assert result.returncode != 0
     said = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
     assert "--greedy-first belong to a held-out evaluation: give --tasks" in said
+
+
+def test_eval_refuses_to_wait_for_the_engine_without_a_held_out_evaluation(tmp_path: Path) -> None:
+    result = orchard("eval", "--wait-for-engine", "http://127.0.0.1:9", "--plot", "--run-dir", ".", cwd=tmp_path)
+    assert result.returncode != 0
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "--wait-for-engine belongs to a held-out evaluation: give --tasks" in said
+
+
+def test_engine_expert_is_a_subcommand(tmp_path: Path) -> None:
+    done = orchard("engine", "expert", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and "--tokenizer" in done.stdout and "--latency-s" in done.stdout
