@@ -38,11 +38,10 @@ from orchard.engines.batching import Completion, GenerationHandle
 from orchard.engines.exceptions import (
     ContextLengthError,
     EngineError,
-    EngineOverloadedError,
     GenerationFailedError,
-    InvalidRequestError,
     ModelNotFoundError,
 )
+from orchard.engines.openai_common import engine_error_response, model_list
 from orchard.engines.openai_output import (
     Answer,
     CompletionChoice,
@@ -70,26 +69,6 @@ if TYPE_CHECKING:
     from orchard.engines.reload import PolicyReloader
 
 log = get_logger("engines.api")
-
-RETRY_AFTER_S = 1
-
-
-def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    """An OpenAI error object."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    error = {"message": message, "type": kind, "param": param, "code": code}
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
-
-
-def _engine_error(exc: EngineError) -> JSONResponse:
-    if isinstance(exc, InvalidRequestError):
-        return error_response(exc.status, str(exc), exc.code, exc.param)
-    if isinstance(exc, EngineOverloadedError):
-        return error_response(503, str(exc), "engine_overloaded")
-    if isinstance(exc, GenerationFailedError):
-        return error_response(500, str(exc), "generation_failed")
-    return error_response(503, str(exc), "engine_unavailable")
 
 
 def create_engine_app(engine: LocalEngine, *, reloader: PolicyReloader | None = None) -> FastAPI:
@@ -122,19 +101,18 @@ def create_engine_app(engine: LocalEngine, *, reloader: PolicyReloader | None = 
         try:
             return JSONResponse(await _complete(engine, await request.body()))
         except EngineError as exc:
-            return _engine_error(exc)
+            return engine_error_response(exc)
 
     @app.post("/v1/tokenize")
     async def tokenize(request: Request) -> Response:
         try:
             return JSONResponse(_tokenize(engine, await request.body()))
         except EngineError as exc:
-            return _engine_error(exc)
+            return engine_error_response(exc)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "orchard"}
-        return {"object": "list", "data": [entry | {"max_model_len": engine.max_context}]}
+        return model_list(engine.model_name, max_model_len=engine.max_context)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -164,14 +142,14 @@ async def _answer(engine: LocalEngine, request: Request, flavour: Flavour) -> Re
     try:
         prompt_request, handle, reply = _submit(engine, await request.body(), flavour)
     except EngineError as exc:
-        return _engine_error(exc)
+        return engine_error_response(exc)
     if prompt_request.stream:
         events = chat_chunks(reply, handle) if flavour == "chat" else response_events(reply, handle)
         return StreamingResponse(_sse(events, flavour, handle), media_type="text/event-stream")
     try:
         completions = await handle.completions()
     except GenerationFailedError as exc:
-        return _engine_error(exc)
+        return engine_error_response(exc)
     finally:
         handle.cancel()  # no-op once finished; stops generation if this handler was cancelled
     if flavour == "chat":

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import from_json, to_json
 
+from orchard.engines.openai_common import model_list
 from orchard.engines.token_trace import TokenTrace
 from orchard.logging import get_logger
 
@@ -473,7 +474,7 @@ def create_scripted_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": plan.model, "object": "model", "created": 0, "owned_by": "orchard"}]}
+        return model_list(plan.model)
 
     return app
 
@@ -483,4 +484,3 @@ def _prompt_ids(items: list[dict[str, Any]], tools: list[Any], tokenizer: TraceT
     if tokenizer is None:
         return render(items, tools)
     return tokenizer.chat_trace_ids(items, tools, {"role": "assistant", "content": ""})[0]
-

@@ -54,6 +54,8 @@ from orchard.engines.exceptions import (
     InvalidRequestError,
     ModelNotFoundError,
 )
+from orchard.engines.openai_common import engine_error_response, model_list
+from orchard.engines.openai_common import error_response as openai_error
 from orchard.engines.openai_requests import Flavour, PromptRequest, chat_request, parse_body, responses_request
 from orchard.engines.vllm_mapping import ChatStreamMapper, VLLMProtocolError, chat_completion, vllm_chat_body
 from orchard.engines.vllm_mapping import vllm_error_message as error_message
@@ -435,20 +437,9 @@ def _responses_frame(sequence: int, event: dict[str, Any]) -> bytes:
 # ---------------------------------------------------------------------------------------------------- the app
 def error_response(exc: EngineError) -> JSONResponse:
     """An OpenAI error object for an engine error (same codes as the local engine, plus 502 for vLLM faults)."""
-    if isinstance(exc, InvalidRequestError):
-        status, code, param = exc.status, exc.code, exc.param
-    elif isinstance(exc, EngineOverloadedError):
-        status, code, param = 503, "engine_overloaded", None
-    elif isinstance(exc, VLLMProtocolError):
-        status, code, param = 502, "backend_error", None
-    elif isinstance(exc, GenerationFailedError):
-        status, code, param = 500, "generation_failed", None
-    else:
-        status, code, param = 503, "engine_unavailable", None
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    headers = {"Retry-After": "1"} if status == 503 else None
-    error = {"message": str(exc), "type": kind, "param": param, "code": code}
-    return JSONResponse({"error": error}, status_code=status, headers=headers)
+    if isinstance(exc, VLLMProtocolError):
+        return openai_error(502, str(exc), "backend_error")
+    return engine_error_response(exc)
 
 
 def create_vllm_app(backend: VLLMBackend, *, reloader: PolicyReloader | None = None) -> FastAPI:
@@ -495,8 +486,7 @@ def create_vllm_app(backend: VLLMBackend, *, reloader: PolicyReloader | None = N
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {"id": backend.served_name, "object": "model", "created": 0, "owned_by": "orchard"}
-        return {"object": "list", "data": [entry | {"max_model_len": backend.max_model_len}]}
+        return model_list(backend.served_name, max_model_len=backend.max_model_len)
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.logging import get_logger
 from recipes.claw.services import SEED_FILE, TIME_FORMAT
+from recipes.model_options import add_model_options, model_from_options
 
 log = get_logger("recipes.claw")
 
@@ -826,12 +827,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``python -m recipes.claw.tasks OUT [options]``."""
     parser = argparse.ArgumentParser(prog="python -m recipes.claw.tasks", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="Output directory (train/, eval/, solutions/, manifest.json).")
-    for name, spec in ClawConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(spec.default), help=spec.description)
+    add_model_options(parser, ClawConfig)
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output directory.")
     args = parser.parse_args(argv)
-    fields = {name: getattr(args, name) for name in ClawConfig.model_fields if getattr(args, name) is not None}
-    generate(ClawConfig(**fields), args.out, overwrite=args.overwrite)
+    generate(model_from_options(args, ClawConfig), args.out, overwrite=args.overwrite)
     return 0
 
 

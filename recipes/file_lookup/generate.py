@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchard.logging import get_logger
 from recipes.file_lookup.grade import REFERENCE_NAME, format_reference, parse_reference
+from recipes.model_options import add_model_options, model_from_options
 
 log = get_logger("recipes.file_lookup")
 
@@ -203,12 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``python -m recipes.file_lookup.generate OUT [options]``."""
     parser = argparse.ArgumentParser(prog="python -m recipes.file_lookup.generate", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="Output directory (train/, eval/, manifest.json).")
-    for name, field in LookupConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+    add_model_options(parser, LookupConfig)
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty output directory.")
     args = parser.parse_args(argv)
-    fields = {name: getattr(args, name) for name in LookupConfig.model_fields if getattr(args, name) is not None}
-    generate(LookupConfig(**fields), args.out, overwrite=args.overwrite)
+    generate(model_from_options(args, LookupConfig), args.out, overwrite=args.overwrite)
     return 0
 
 

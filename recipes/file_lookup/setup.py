@@ -26,6 +26,7 @@ from typing import Any
 from orchard.logging import get_logger
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
 from recipes.file_lookup.generate import LookupConfig, generate
+from recipes.model_options import add_model_options, model_from_options
 from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 
 log = get_logger("recipes.file_lookup.setup")
@@ -69,16 +70,14 @@ def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path, help="The run directory (tasks/ and demos/ are written in it).")
     add_recipe_option(parser, "tasks: and expert: blocks")
-    for name, field in LookupConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+    add_model_options(parser, LookupConfig)
     parser.add_argument("--episodes-per-task", type=int, default=1, help="Demonstrations per train task.")
     parser.add_argument("--imperfect-fraction", type=float, default=ExpertConfig().imperfect_fraction)
     parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the expert's choice of kinds.")
     args = parse_with_recipe(parser, argv, RECIPE_BLOCKS)
-    fields = {name: getattr(args, name) for name in LookupConfig.model_fields if getattr(args, name) is not None}
     return {
         "run_dir": args.run_dir,
-        "lookup": LookupConfig(**fields),
+        "lookup": model_from_options(args, LookupConfig),
         "expert": ExpertConfig(seed=args.expert_seed, imperfect_fraction=args.imperfect_fraction),
         "episodes_per_task": args.episodes_per_task,
     }

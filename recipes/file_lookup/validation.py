@@ -22,6 +22,7 @@ from pathlib import Path
 from orchard.logging import get_logger
 from recipes.file_lookup.generate import LookupConfig, generate_tasks, write_task
 from recipes.file_lookup.setup import RECIPE_BLOCKS
+from recipes.model_options import add_model_options, model_from_options
 from recipes.recipe_settings import add_recipe_option, parse_with_recipe
 
 log = get_logger("recipes.file_lookup.validation")
@@ -58,13 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="The run directory (validation/ is written in it).")
     parser.add_argument("--tasks", type=int, default=200, help="Tasks in the validation split.")
     add_recipe_option(parser, "tasks: block")
-    for name, field in LookupConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+    add_model_options(parser, LookupConfig)
     args = parse_with_recipe(parser, argv, {"tasks": RECIPE_BLOCKS["tasks"]})
     if args.tasks < 1:
         parser.error(f"--tasks must be at least 1, got {args.tasks}")
-    fields = {name: getattr(args, name) for name in LookupConfig.model_fields if getattr(args, name) is not None}
-    write_validation(LookupConfig(**fields), args.run_dir / VALIDATION_DIR, args.tasks)
+    write_validation(model_from_options(args, LookupConfig), args.run_dir / VALIDATION_DIR, args.tasks)
     return 0
 
 

@@ -46,6 +46,7 @@ from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCal
 from orchard.episode_groups import demo_episode_id
 from orchard.logging import get_logger
 from recipes.gui.tasks import FAMILIES, GuiTask, SuiteConfig, make_task, reference_record, write_task
+from recipes.model_options import add_model_options, model_from_options
 from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 
 log = get_logger("recipes.gui.setup")
@@ -236,16 +237,14 @@ def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="'all' (the whole suite), 'cpu' (the families that fit tiny-llama-8k's context: "
         f"{','.join(CPU_FAMILIES)}) or a comma-separated list.",
     )
-    for name, info in SuiteConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(info.default), help=info.description)
+    add_model_options(parser, SuiteConfig)
     parser.add_argument("--episodes-per-task", type=int, default=2, help="Demonstrations per train task.")
     parser.add_argument("--failing-fraction", type=float, default=0.3, help="Chance a later demonstration fails.")
     parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the choice of imperfect demonstrations.")
     args = parse_with_recipe(parser, argv, RECIPE_BLOCKS)
-    fields = {name: getattr(args, name) for name in SuiteConfig.model_fields if getattr(args, name) is not None}
     return {
         "run_dir": args.run_dir,
-        "config": GuiSetupConfig(suite=SuiteConfig(**fields), families=families_named(args.families)),
+        "config": GuiSetupConfig(suite=model_from_options(args, SuiteConfig), families=families_named(args.families)),
         "demos": DemoConfig(
             episodes_per_task=args.episodes_per_task, failing_fraction=args.failing_fraction, seed=args.expert_seed
         ),

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from recipes.gui.apps.booking import taken, window_days
 from recipes.gui.apps.core import money
 from recipes.gui.world import CATEGORIES, ROOMS, build_world
+from recipes.model_options import add_model_options, model_from_options
 
 GRADER_SOURCE = Path(__file__).resolve().parent / "grade.py"
 GRADE_COMMAND = 'python3 -I "$ORCHARD_GRADER_DIR/grade.py"'
@@ -448,12 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``python -m recipes.gui.tasks OUT [options]``."""
     parser = argparse.ArgumentParser(prog="python -m recipes.gui.tasks", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
-    for name, info in SuiteConfig.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(info.default), help=info.description)
+    add_model_options(parser, SuiteConfig)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    fields = {name: getattr(args, name) for name in SuiteConfig.model_fields if getattr(args, name) is not None}
-    tasks = generate(SuiteConfig(**fields), args.out, overwrite=args.overwrite)
+    tasks = generate(model_from_options(args, SuiteConfig), args.out, overwrite=args.overwrite)
     print(f"wrote {len(tasks)} tasks to {args.out}")  # noqa: T201 - command-line output
     return 0
 
