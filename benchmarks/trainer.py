@@ -45,10 +45,10 @@ from orchard.config import EmbeddedBusConfig, LocalStoreConfig, OrchardConfig, S
 from orchard.logging import configure_logging
 from orchard.store import open_store
 from orchard.topics import POLICY_VERSIONS
-from trainers.backend import load_policy_model
 from trainers.batching import Sample, pack_step, sample_from_record
 from trainers.config import PolicyTrainerConfig, TinyModelSource
 from trainers.losses import packed_loss, token_logprobs
+from trainers.model import load_policy_model
 from trainers.policy import PolicyTrainer
 from trainers.synthetic import produce_samples, synthetic_stream
 from trainers.weights import publish_policy_version

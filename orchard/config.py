@@ -54,10 +54,11 @@ def _tags(variant: type[BaseModel]) -> list[str]:
     return [str(tag) for tag in get_args(variant.model_fields["type"].annotation)] or [_tag(variant)]
 
 
-def default_type(*variants: type[BaseModel]) -> BeforeValidator:
+def default_type(*variants: type[BaseModel], environment: bool = True) -> BeforeValidator:
     """For a union of ``variants`` keyed by ``type``: settings without a ``type`` are the first variant's when they
     fit it; otherwise the error says ``type`` is missing, lists the allowed types, and names the type to set when
-    one other variant has every setting given.
+    one other variant has every setting given (and its ``ORCHARD_*`` variable, unless ``environment`` is False: a
+    config that is not read from the environment, as the trainer's).
 
     >>> fill = default_type(EmbeddedBusConfig, KafkaBusConfig).func
     >>> fill({"path": "/data/bus"}, None)
@@ -71,7 +72,7 @@ def default_type(*variants: type[BaseModel]) -> BeforeValidator:
         if set(value) <= set(default.model_fields):
             return {"type": _tag(default), **value}
         field = info.field_name if info is not None and info.field_name else ""
-        raise _missing_type(sorted(value), variants, field)
+        raise _missing_type(sorted(value), variants, field if environment else "")
 
     return BeforeValidator(fill)
 

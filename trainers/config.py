@@ -1,7 +1,8 @@
 """``PolicyTrainerConfig``: everything the policy trainer needs besides the bus and the store (``OrchardConfig``).
 
 Imports without torch, so the CLI can validate a config (and name the bad field) before loading a model. A file is
-YAML; ``load_trainer_config`` overlays ``--set key.path=value`` overrides on it.
+YAML; ``load_trainer_config`` overlays ``--set key.path=value`` overrides on it. The trainer backend is a union keyed
+by ``type`` (``TrainerBackendConfig``), opened by ``trainers.backends.factory.open_backend``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from orchard.config import describe_validation_error
+from orchard.config import default_type, describe_validation_error
 from orchard.exceptions import ConfigError
 from orchard.topics import SAMPLES
 
@@ -85,6 +86,41 @@ class StalenessConfig(_Strict):
     decay: float = Field(0.5, gt=0.0, le=1.0, description="Per-version factor of the down-weighting.")
 
 
+class TorchBackendConfig(_Strict):
+    """The default trainer backend: plain torch on the CPU or one GPU (AdamW, optional ``torch.compile``)."""
+
+    type: Literal["torch"] = "torch"
+
+
+class DeepSpeedBackendConfig(_Strict):
+    """ZeRO through DeepSpeed (``pip install 'orchard-rl[deepspeed]'``), one trainer process per GPU."""
+
+    type: Literal["deepspeed"] = "deepspeed"
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="DeepSpeed config merged on top of the one the trainer's settings map to (zero_optimization, "
+        "offload, ...); see trainers.backends.deepspeed_backend.",
+    )
+
+
+def _backend_name(value: Any) -> Any:
+    """A backend's name alone is short for its config with the defaults: ``backend: deepspeed`` (the only form
+    before the union, so existing files and ``--set backend=...`` keep working) is ``backend: {type: deepspeed}``.
+
+    >>> _backend_name("deepspeed")
+    {'type': 'deepspeed'}
+    """
+    return {"type": value} if isinstance(value, str) else value
+
+
+TrainerBackendConfig = Annotated[
+    TorchBackendConfig | DeepSpeedBackendConfig,
+    Field(discriminator="type"),
+    default_type(TorchBackendConfig, DeepSpeedBackendConfig, environment=False),  # a file and --set, no ORCHARD_*
+    BeforeValidator(_backend_name),  # the last before-validator runs first: the name becomes a mapping, then typed
+]
+
+
 class PolicyTrainerConfig(_Strict):
     """The policy trainer: model, optimisation, batching, losses, staleness, publication, checkpoints, run."""
 
@@ -129,9 +165,10 @@ class PolicyTrainerConfig(_Strict):
     )
     compile: bool = Field(False, description="Run the model's forward through torch.compile.")
     device: str = Field("auto", description="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    backend: Literal["torch", "deepspeed"] = Field("torch", description="deepspeed: ZeRO through orchard[deepspeed].")
-    deepspeed_config: dict[str, Any] = Field(
-        default_factory=dict, description="Extra DeepSpeed config (zero_optimization, ...); see deepspeed_backend."
+    backend: TrainerBackendConfig = Field(
+        default_factory=TorchBackendConfig,
+        description="What holds the model and optimizer: {type: torch} or {type: deepspeed, config: {...}} (ZeRO "
+        "through orchard-rl[deepspeed]); the name alone (backend: deepspeed) is short for {type: NAME}.",
     )
 
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -188,10 +225,29 @@ class PolicyTrainerConfig(_Strict):
         None, ge=0, le=65535, description="Serve Prometheus metrics on this port (None: off)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_deepspeed_config(cls, data: Any) -> Any:
+        """A top-level ``deepspeed_config`` (where DeepSpeed's options were before the backend union) is the deepspeed
+        backend's ``config``; a torch backend ignores it, as it always did, so ``--set backend=torch`` still runs a
+        file written for DeepSpeed on one device."""
+        if not isinstance(data, dict) or "deepspeed_config" not in data:
+            return data
+        data = dict(data)
+        options = data.pop("deepspeed_config")
+        if not isinstance(options, dict):
+            raise ValueError(f"deepspeed_config: must be a mapping of DeepSpeed settings, not {options!r}")
+        backend = _backend_name(data.get("backend"))
+        if isinstance(backend, dict) and backend.get("type") == "deepspeed":
+            if "config" in backend:
+                raise ValueError("deepspeed_config: DeepSpeed's options are given twice; keep backend.config only")
+            data["backend"] = {**backend, "config": options}
+        return data
+
     @model_validator(mode="after")
     def _check_combinations(self) -> PolicyTrainerConfig:
-        if self.backend == "deepspeed" and self.compile:
-            raise ValueError("compile: torch.compile is configured through deepspeed_config with the deepspeed backend")
+        if isinstance(self.backend, DeepSpeedBackendConfig) and self.compile:
+            raise ValueError("compile: torch.compile is configured through backend.config with the deepspeed backend")
         if self.input == "complete":
             self._check_complete_input()
         elif self.epochs > 1 and self.idle_exit_s is None:

@@ -6,7 +6,8 @@ holds the model, the loop and the run's counters; its parts live in their own mo
 - the samples, step by step (``trainers.sample_source``: a stream, with its passes and drain; ``trainers.stage_input``:
   a complete input), each record decoded and checked by ``trainers.intake``, judged stale by ``trainers.staleness``;
 - packing a step's samples into rows (``trainers.batching``), the losses (``trainers.losses``), the model, optimizer
-  and schedule behind a backend (``trainers.backend``, ``trainers.deepspeed_backend``);
+  and schedule behind a backend (``trainers.backends``: the interface, the torch and deepspeed backends, the
+  factory), the starting weights and device (``trainers.model``);
 - publishing a version (``trainers.weights``), checkpoints in the store (``trainers.checkpoint``), metrics
   (``trainers.metrics``).
 
@@ -37,13 +38,15 @@ from orchard.config import OrchardConfig
 from orchard.logging import get_logger
 from orchard.store import ArtifactStore, open_store
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
-from trainers.backend import TrainingBackend, load_policy_model, load_policy_tokenizer, open_backend, resolve_device
+from trainers.backends.base import TrainingBackend
+from trainers.backends.factory import open_backend
 from trainers.batching import PackedBatch, pack_step
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.config import PolicyTrainerConfig
 from trainers.intake import SampleIntake
 from trainers.losses import LossOutput, packed_loss, token_logprobs
 from trainers.metrics import TrainerMetrics, step_values
+from trainers.model import load_policy_model, load_policy_tokenizer, resolve_device
 from trainers.sample_source import SampleSource, Step, StreamSource
 from trainers.stage_input import CompleteSource
 from trainers.weights import publish_weights

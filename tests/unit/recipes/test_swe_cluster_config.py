@@ -250,7 +250,7 @@ def test_the_trainer_overrides_and_component_environments_are_valid_settings(rec
     assert sorted(trainers) == ["trainer-credit", "trainer-dense", "trainer-rl"]
     for spec in trainers.values():
         config = load_trainer_config(None, [item.replace("{run_dir}", "/runs/x") for item in spec.set])  # type: ignore[union-attr]
-        assert (config.model.type, config.backend, config.precision) == ("checkpoint", "deepspeed", "bf16")
+        assert (config.model.type, config.backend.type, config.precision) == ("checkpoint", "deepspeed", "bf16")
         assert str(config.model.path) == recipe.model  # type: ignore[union-attr]
     for name, spec in recipe.components.items():
         settings = load_settings(spec.env)
@@ -335,7 +335,7 @@ def test_the_trainer_config_and_the_episode_runtime_configs_validate(docs: dict[
     trainer = PolicyTrainerConfig.model_validate(
         yaml.safe_load(find(docs, "ConfigMap", "orchard-swe-trainer")["data"]["trainer.yaml"])
     )
-    assert (trainer.loss.kind, trainer.backend, str(trainer.model.path)) == (  # type: ignore[union-attr]
+    assert (trainer.loss.kind, trainer.backend.type, str(trainer.model.path)) == (  # type: ignore[union-attr]
         "rl", "deepspeed", "/models/Qwen2.5-Coder-7B-Instruct",
     )  # fmt: skip
     runtimes = {

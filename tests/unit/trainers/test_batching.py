@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainers.backend import load_policy_model
 from trainers.batching import pack_row, pack_step, padding_waste, plan_rows, sample_from_record
 from trainers.config import TinyModelSource
 from trainers.exceptions import InvalidSampleError
 from trainers.losses import packed_loss, token_logprobs
+from trainers.model import load_policy_model
 from trainers.synthetic import synthetic_sample, synthetic_stream
 
 TINY_VOCAB = 420

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchard.exceptions import ConfigError
-from trainers.backend import lr_factor
 from trainers.config import CheckpointModelSource, PolicyTrainerConfig, ScheduleConfig, load_trainer_config
+from trainers.model import lr_factor
 
 
 def test_file_and_overrides_are_merged(tmp_path: Path) -> None:

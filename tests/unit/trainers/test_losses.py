@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from trainers.backend import TorchBackend, load_policy_model
+from trainers.backends.torch_backend import TorchBackend
 from trainers.batching import PackedBatch, pack_step, sample_from_record
 from trainers.config import PolicyTrainerConfig, TinyModelSource
 from trainers.losses import kl_k3, packed_loss, policy_gradient_token_loss, token_logprobs
+from trainers.model import load_policy_model
 from trainers.synthetic import synthetic_stream
 
 TINY_VOCAB = 420

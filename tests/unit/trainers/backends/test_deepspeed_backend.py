@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainers.backends.deepspeed_backend import DeepSpeedBackend, deepspeed_available, deepspeed_config
 from trainers.config import PolicyTrainerConfig
-from trainers.deepspeed_backend import DeepSpeedBackend, deepspeed_available, deepspeed_config
 from trainers.exceptions import BackendUnavailableError
 
 
@@ -18,7 +18,10 @@ def test_missing_deepspeed_raises_a_clear_error() -> None:
 
 def test_trainer_settings_map_to_the_deepspeed_config() -> None:
     config = PolicyTrainerConfig(
-        lr=3e-5, grad_clip=0.5, precision="bf16", deepspeed_config={"zero_optimization": {"stage": 3}}
+        lr=3e-5,
+        grad_clip=0.5,
+        precision="bf16",
+        backend={"type": "deepspeed", "config": {"zero_optimization": {"stage": 3}}},
     )
     mapped = deepspeed_config(config, torch.device("cpu"))
     assert mapped["optimizer"]["params"]["lr"] == 3e-5

@@ -1,14 +1,15 @@
-"""DeepSpeed (ZeRO) behind the policy trainer, for models that do not fit one GPU: ``backend: deepspeed``.
+"""The ``deepspeed`` trainer backend: ZeRO behind the policy trainer, for models that do not fit one GPU
+(``backend: {type: deepspeed, config: {...}}``, or ``backend: deepspeed`` for no extra options).
 
 Install with ``pip install 'orchard-rl[deepspeed]'`` and launch one trainer process per GPU with DeepSpeed's launcher
 (``deepspeed --num_gpus 8 --no_local_rank "$(command -v orchard)" train policy --config trainer.yaml``; each rank
 finds its GPU from ``LOCAL_RANK`` with ``device: auto``); every rank consumes the samples
 topic in the same consumer group, so the partitions (and the samples) are shared among the ranks. The adapter keeps
-the trainer's contract (``trainers.backend.TrainingBackend``): the trainer still forms steps, computes the loss and
-normalises it by the step's loss tokens, and this backend turns it into ``engine.backward`` / ``engine.step``.
+the trainer's contract (``trainers.backends.base.TrainingBackend``): the trainer still forms steps, computes the loss
+and normalises it by the step's loss tokens, and this backend turns it into ``engine.backward`` / ``engine.step``.
 
 What the config maps to: ``lr``, ``betas``, ``weight_decay`` -> an AdamW optimizer in the DeepSpeed config;
-``grad_clip`` -> ``gradient_clipping``; ``precision`` -> ``bf16.enabled``; ``deepspeed_config`` is merged on top
+``grad_clip`` -> ``gradient_clipping``; ``precision`` -> ``bf16.enabled``; ``backend.config`` is merged on top
 (``zero_optimization.stage``, offload, ...). ``gradient_accumulation_steps`` is 1: the trainer already accumulates
 over the micro-batches of a step and calls ``step`` once per optimizer step.
 
@@ -29,9 +30,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from trainers.backend import lr_factor, use_bf16
-from trainers.config import PolicyTrainerConfig
+from trainers.config import DeepSpeedBackendConfig, PolicyTrainerConfig
 from trainers.exceptions import BackendUnavailableError
+from trainers.model import lr_factor, use_bf16
 
 
 def deepspeed_available() -> bool:
@@ -50,7 +51,7 @@ def require_deepspeed() -> Any:
 
 
 def deepspeed_config(config: PolicyTrainerConfig, device: torch.device) -> dict[str, Any]:
-    """The DeepSpeed config the trainer config maps to, with ``config.deepspeed_config`` merged on top."""
+    """The DeepSpeed config the trainer config maps to, with the deepspeed backend's ``config`` merged on top."""
     base: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -63,7 +64,8 @@ def deepspeed_config(config: PolicyTrainerConfig, device: torch.device) -> dict[
     }
     if config.grad_clip is not None:
         base["gradient_clipping"] = config.grad_clip
-    return _merge(base, config.deepspeed_config)
+    options = config.backend.config if isinstance(config.backend, DeepSpeedBackendConfig) else {}
+    return _merge(base, options)
 
 
 class DeepSpeedBackend:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainers.backend import TorchBackend, load_policy_model, open_backend
+from trainers.backends.torch_backend import TorchBackend
 from trainers.config import PolicyTrainerConfig
-from trainers.deepspeed_backend import deepspeed_available
-from trainers.exceptions import BackendUnavailableError
+from trainers.model import load_policy_model
 
 
 def backend(**overrides: object) -> TorchBackend:
@@ -46,13 +45,3 @@ def test_a_later_stage_keeps_the_step_and_moments_but_takes_its_own_peak_learnin
     assert moments["step"] == 3  # AdamW's moments came along
     one_step(rl)
     assert rl.lr == pytest.approx(2e-4)
-
-
-def test_open_backend_gives_the_backend_the_config_names() -> None:
-    config = PolicyTrainerConfig.model_validate({"model": {"type": "tiny", "name": "tiny-llama-micro"}})
-    opened = open_backend(load_policy_model(config.model), config, torch.device("cpu"))
-    assert isinstance(opened, TorchBackend)
-    deepspeed = config.model_copy(update={"backend": "deepspeed"})
-    if not deepspeed_available():
-        with pytest.raises(BackendUnavailableError, match=r"pip install 'orchard-rl\[deepspeed\]'"):
-            open_backend(load_policy_model(config.model), deepspeed, torch.device("cpu"))
