@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from orchard.bus import DeliveryError, open_bus
 from orchard.bus.base import Delivery, DeliveryCallback
 from orchard.bus.embedded import EmbeddedBus
-from orchard.bus.embedded.backend import EmbeddedProducer
+from orchard.bus.embedded.producers import EmbeddedProducer
 from orchard.codec import Codec
 from orchard.config import EmbeddedBusConfig
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall, create_scripted_app, encode_text

@@ -10,7 +10,7 @@ from orchard.bus import TopicPartition, TransactionError
 from orchard.bus.embedded import EmbeddedBus
 from orchard.bus.embedded import log as log_module
 from orchard.bus.embedded import transactions as txn_module
-from orchard.bus.embedded.backend import EmbeddedConsumer
+from orchard.bus.embedded.consumer import EmbeddedConsumer
 from orchard.bus.exceptions import TransactionPendingError
 from orchard.config import EmbeddedBusConfig
 
