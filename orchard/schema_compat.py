@@ -29,7 +29,7 @@ import fastavro
 from rich.console import Console
 from rich.markup import escape
 
-from orchard.codec import SchemaCatalog
+from orchard.schema_catalog import SchemaCatalog
 from orchard.serialization_errors import SerializationError
 from schemas import SCHEMA_DIR
 

@@ -3,7 +3,7 @@
 ``schemas/<RecordName>/v<N>.avsc`` holds version N of record ``dev.orchard.<RecordName>``. The highest version of a
 name is the current (reader) schema; released versions are never edited, a change is a new ``v<N+1>.avsc`` that is
 both backward and forward compatible with the one before it (``orchard schemas check``). ``README.md`` documents every
-field. Load the catalog with ``orchard.codec.SchemaCatalog.load()``.
+field. Load the catalog with ``orchard.schema_catalog.SchemaCatalog.load()``.
 """
 
 from pathlib import Path

@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from orchard.cli.common import console, err_console
-from orchard.codec import SchemaCatalog
+from orchard.schema_catalog import SchemaCatalog
 from orchard.schema_compat import check_catalog
 
 app = typer.Typer(help="Inspect and check the Avro schema catalog.", no_args_is_help=True)

@@ -14,15 +14,8 @@ import numpy as np
 import pytest
 from fastavro.schema import fingerprint as fastavro_fingerprint
 
-from orchard.codec import (
-    CRC64_AVRO_EMPTY,
-    MARKER,
-    Codec,
-    DecodedRecord,
-    SchemaCatalog,
-    rabin_fingerprint,
-    to_json_dict,
-)
+from orchard.codec import Codec, DecodedRecord, to_json_dict
+from orchard.schema_catalog import CRC64_AVRO_EMPTY, MARKER, SchemaCatalog, rabin_fingerprint
 from orchard.serialization_errors import (
     CorruptRecordError,
     IncompatibleSchemaError,

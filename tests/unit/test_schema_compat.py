@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from orchard.codec import SchemaCatalog
+from orchard.schema_catalog import SchemaCatalog
 from orchard.schema_compat import (
     check_catalog,
     check_compatibility,

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchard.codec import Codec, DecodedRecord, SchemaCatalog
+from orchard.codec import Codec, DecodedRecord
+from orchard.schema_catalog import SchemaCatalog
 from orchard.schema_compat import check_catalog
 from orchard.tokens import pack_logprobs, pack_loss_mask, pack_token_ids
 from schemas import SCHEMA_DIR
