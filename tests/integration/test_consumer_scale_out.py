@@ -87,13 +87,9 @@ def _dealt_out(latest: list[list[int]]) -> bool:
 @pytest.mark.parametrize("consumer", ["sample-builder", "scale_out_plugin:GroupReward"])
 def test_three_instances_with_one_killed_mid_stream_emit_exactly_what_one_instance_does(
     bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str], tmp_path: Path, consumer: str,
-    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     kafka = isinstance(bus_config, KafkaBusConfig)
-    if kafka and consumer == "sample-builder":
-        # failed 1 of 4 runs on stop 26's last day, cause not yet found (issue 21): it still runs, a failure is
-        # reported, not hidden, and does not fail the suite
-        request.applymarker(pytest.mark.xfail(reason="intermittent on Kafka (issue 21)", strict=False))
     (tmp_path / "scale_out_plugin.py").write_text(textwrap.dedent(GROUP_PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     config = ConsumersConfig(sample_builder=SampleBuilderConfig(group_size=4, scorers={"scale_centred": 0.5}),

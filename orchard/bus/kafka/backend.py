@@ -59,7 +59,7 @@ class KafkaBus(Bus):
         self.retry = RetryPolicy(config.retry_timeout_s, config.retry_backoff_s, config.retry_backoff_max_s)
         self.admin = AdminClient(self.common)
         self._watermarks: RawConsumer | None = None
-        self._created: dict[str, float] = {}  # topics this bus created -> when (monotonic)
+        self._created: dict[str, float] = {}  # topics created (here or just before, elsewhere) -> when
         try:
             metadata = self.admin.list_topics(timeout=config.connect_timeout_s)
         except KafkaException as exc:
@@ -106,7 +106,8 @@ class KafkaBus(Bus):
                 raise BusError(f"cannot create topic {name!r}: {error.str()}") from exc
             if attempts == 1 and not exist_ok:  # on a retry: most likely the attempt that timed out created it
                 raise TopicExistsError(f"topic {name!r} already exists") from exc
-            if attempts == 1:
+            if attempts == 1:  # another client created it a moment ago: its metadata may not have reached us yet
+                self._created.setdefault(name, time.monotonic())
                 return
         self._wait_for_leaders(name, count)
         self._created[name] = time.monotonic()
