@@ -14,6 +14,7 @@ from orchard.sandbox.base import (
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    argv_of,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "Sandbox",
     "SandboxInfo",
     "SandboxSpec",
+    "argv_of",
 ]

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchard.sandbox.exceptions import InvalidSandboxRequestError
+
 MAX_MIB = 64 * 1024 * 1024
 """The largest size limit accepted, MiB (64 TiB: past it, rlimit arithmetic overflows and the kernel refuses)."""
 SANDBOX_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -135,6 +137,22 @@ class SandboxInfo(BaseModel):
         None, description="URL that reaches ``spec.proxy_url`` from inside the sandbox (may differ from it)."
     )
     isolation: str | None = Field(None, description="How the backend isolates it, in a few words.")
+
+
+def argv_of(command: Sequence[str] | str) -> list[str]:
+    """A command as every runtime runs it: a string through ``/bin/sh -c``, a sequence as the argv itself (an empty
+    one is an ``InvalidSandboxRequestError``: there is nothing to run).
+
+    >>> argv_of("echo hi")
+    ['/bin/sh', '-c', 'echo hi']
+    >>> argv_of(("ls", "-l"))
+    ['ls', '-l']
+    """
+    if isinstance(command, str):
+        return ["/bin/sh", "-c", command]
+    if not command:
+        raise InvalidSandboxRequestError("empty command")
+    return list(command)
 
 
 class PtySession(ABC):

@@ -3,7 +3,7 @@
 Each task built with ``--image-template`` (``recipes.swe.build``, ``recipes.swe.swebench_build``) names its own
 image; this module writes what builds it. The image holds what an episode pod needs and nothing of the task:
 
-- the tools the runtime execs (``orchard/sandbox/kubernetes/runtime.py``): ``/bin/sh``, coreutils (``timeout``,
+- the tools the runtime execs (``orchard/sandbox/kubernetes/commands.py``): ``/bin/sh``, coreutils (``timeout``,
   ``head``, ``cat``, ``mkdir``, ``chmod``, ``rm``), ``tar`` (the workspace upload), GNU ``find`` (``list_files``),
   ``git`` (``git_snapshot``, the grader's ``git apply``) and ``patch``;
 - Python with pytest (the grade command's ``python3``), and Orchard's built-in agent (three files of the ``orchard``

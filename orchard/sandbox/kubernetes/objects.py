@@ -1,9 +1,9 @@
-"""What the Kubernetes runtime sends to the cluster, rendered without talking to it: objects and exec commands.
+"""What the Kubernetes runtime creates in the cluster, rendered without talking to it: the episode's objects.
 
 ``render_episode_objects(spec, config)`` returns the episode's ``V1Pod``, its ``V1NetworkPolicy`` and its ``V1Secret``
-as the official client's models, so tests check exactly what would be sent. ``exec_argv`` and the ``*_SCRIPT``
-constants are the commands every sandbox operation execs in the pod. ``KubernetesRuntimeConfig`` holds everything
-about the cluster that is not per episode.
+as the official client's models, so tests check exactly what would be sent. ``KubernetesRuntimeConfig`` holds
+everything about the cluster that is not per episode. The commands every sandbox operation execs in the pod are in
+``orchard.sandbox.kubernetes.commands``; reading pods back is ``orchard.sandbox.kubernetes.pod_state``.
 
 Choices worth knowing:
 
@@ -38,18 +38,15 @@ import hashlib
 import ipaddress
 import json
 import math
-import posixpath
 import re
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from kubernetes import client
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchard.sandbox import FileEntry, SandboxSpec
-from orchard.sandbox.exceptions import InvalidSandboxRequestError, PathEscapeError
+from orchard.sandbox import SandboxSpec
 
 LABEL_RUN = "orchard.dev/run"
 LABEL_EPISODE = "orchard.dev/episode"
@@ -371,20 +368,6 @@ def _container(spec: SandboxSpec, config: KubernetesRuntimeConfig, image: str) -
     )
 
 
-def host_exec_env(spec: SandboxSpec, workspace: str) -> dict[str, str]:
-    """What a command sees as the pod's environment on a host-exec node (``node_exec_root``): the spec's variables
-    (secret ones included: such a node is a test cluster's) and the proxy URL, with HOME in the working copy.
-
-    >>> spec = SandboxSpec(sandbox_id="s", run_id="r", episode_id="e", task_id="t", env={"K": "v"}, proxy_url="http://p")
-    >>> host_exec_env(spec, "/n/s")
-    {'HOME': '/n/s', 'OPENAI_BASE_URL': 'http://p', 'K': 'v'}
-    """
-    env = {"HOME": workspace}
-    if spec.proxy_url is not None:
-        env["OPENAI_BASE_URL"] = spec.proxy_url
-    return {**env, **spec.env}
-
-
 def _env(spec: SandboxSpec, config: KubernetesRuntimeConfig) -> list[client.V1EnvVar]:
     plain = {"HOME": HOME_DIR}
     if spec.proxy_url is not None:
@@ -401,127 +384,3 @@ def _env(spec: SandboxSpec, config: KubernetesRuntimeConfig) -> list[client.V1En
         if key in config.secret_env_keys
     ]
     return env
-
-
-# --- exec commands: every sandbox operation is an exec of a short POSIX sh script in the pod ---------------------
-
-KILL_AFTER_S = 5
-EXIT_MISSING, EXIT_IS_DIR = 3, 4
-EXEC_WRAPPER = (
-    'cd "$1" || exit 126; t=$2; n=$3; m=$4; shift 4; '
-    'while [ "$m" -gt 0 ]; do export "$1"; shift; m=$((m - 1)); done; '
-    f'if [ "$n" = - ]; then exec timeout -k {KILL_AFTER_S} "$t" "$@" </dev/null; fi; '
-    f'head -c "$n" | timeout -k {KILL_AFTER_S} "$t" "$@"'
-)
-"""Parameters: cwd, timeout, stdin length (``-``: none), env count, ``K=V`` pairs, then the command. Exec's stdin
-has no end-of-file the v4 streaming protocol can signal, so ``head -c`` ends it after the announced length."""
-READ_SCRIPT = f'[ -e "$1" ] || exit {EXIT_MISSING}; [ -d "$1" ] && exit {EXIT_IS_DIR}; exec cat -- "$1"'
-WRITE_SCRIPT = f'[ -d "$1" ] && exit {EXIT_IS_DIR}; mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && chmod "$2" "$1"'
-DELETE_SCRIPT = f'[ -e "$1" ] || [ -L "$1" ] || exit {EXIT_MISSING}; exec rm -rf -- "$1"'
-PATCH_SCRIPT = (
-    "if command -v git >/dev/null 2>&1; then exec git apply --whitespace=nowarn -; fi; exec patch -p1 --batch --forward"
-)
-_LIST_SCRIPT = (  # a directory: its entries (%P relative to it); anything else: its own entry (empty %P)
-    f'[ -e "$1" ] || [ -L "$1" ] || exit {EXIT_MISSING}; '
-    '[ -d "$1" ] || exec find -H "$1" -maxdepth 0 -printf \'%%y\\t%%s\\t\\0\'; '
-    "exec find -H \"$1\" -mindepth 1 %s-printf '%%y\\t%%s\\t%%P\\0'"
-)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KINDS: dict[str, Literal["file", "dir", "link"]] = {"f": "file", "d": "dir", "l": "link"}
-
-
-def workspace_path(workspace: str, path: str) -> str:
-    """Absolute path in the pod of ``path`` (relative to the working copy); ``PathEscapeError`` if it escapes it.
-
-    Checked by name only: a symlink inside the working copy may point elsewhere in the pod's own filesystem,
-    which holds nothing but the episode (the root filesystem is the task image, read-only by default).
-    """
-    if "\0" in path:
-        raise InvalidSandboxRequestError("path contains a NUL byte")
-    norm = posixpath.normpath(path or ".")
-    if norm.startswith("/") or norm == ".." or norm.startswith("../"):
-        raise PathEscapeError(f"path {path!r} leaves the working copy")
-    return workspace if norm == "." else f"{workspace}/{norm}"
-
-
-def exec_argv(
-    command: Sequence[str] | str, *, cwd: str, timeout_s: float, env: Mapping[str, str], stdin_len: int | None
-) -> list[str]:
-    """The argv actually sent to the pod: ``EXEC_WRAPPER``, its parameters, then the command."""
-    if not timeout_s > 0:
-        raise InvalidSandboxRequestError(f"timeout must be positive, not {timeout_s}")  # `timeout 0` never fires
-    for key in env:
-        if not _ENV_NAME.match(key):
-            raise InvalidSandboxRequestError(f"invalid environment variable name {key!r}")
-    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-    if not argv:
-        raise InvalidSandboxRequestError("empty command")
-    n = "-" if stdin_len is None else str(stdin_len)
-    params = [cwd, f"{timeout_s:.3f}", n, str(len(env)), *(f"{key}={value}" for key, value in env.items())]
-    return ["/bin/sh", "-c", EXEC_WRAPPER, "orchard-exec", *params, *argv]
-
-
-def list_script(recursive: bool) -> str:
-    """The GNU ``find`` script listing ``$1``: NUL-terminated ``type<TAB>size<TAB>relative path`` records."""
-    return _LIST_SCRIPT % ("" if recursive else "-maxdepth 1 ")
-
-
-def parse_listing(raw: bytes, path: str) -> list[FileEntry]:
-    """``list_script`` output as entries with paths relative to the working copy, sorted by path."""
-    base = posixpath.normpath(path or ".")
-    entries = []
-    for record in filter(None, raw.split(b"\0")):
-        kind, size, name = record.decode("utf-8", "replace").split("\t", 2)
-        rel = posixpath.normpath(posixpath.join(base, name)) if name else base
-        entries.append(FileEntry(path=rel, kind=_KINDS.get(kind, "other"), size=int(size)))
-    return sorted(entries, key=lambda entry: entry.path)
-
-
-# --- reading pods back ------------------------------------------------------------------------------------------
-
-FATAL_WAITING_REASONS = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
-)
-"""Container waiting reasons that fail ``create`` at once (the scheduler retries the episode) instead of waiting."""
-
-
-def pod_is_live(pod: client.V1Pod) -> bool:
-    """Neither finished nor being deleted."""
-    phase = pod.status.phase if pod.status is not None else None
-    return pod.metadata.deletion_timestamp is None and phase in (None, "Pending", "Running")
-
-
-def pod_expires_at(pod: client.V1Pod) -> float:
-    """The ``orchard.dev/expires-at`` annotation (infinity when missing: ``activeDeadlineSeconds`` still holds)."""
-    raw = (pod.metadata.annotations or {}).get(ANNOTATION_EXPIRES_AT)
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        return math.inf
-
-
-def pod_start_state(pod: client.V1Pod) -> tuple[Literal["running", "starting", "failed"], str]:
-    """Whether the sandbox container runs, may still start, or never will; and a description of why."""
-    status = pod.status
-    if status is None:
-        return "starting", "no status yet"
-    if status.phase in ("Succeeded", "Failed"):
-        return "failed", f"{status.phase} before it ran {status.reason or ''}".strip()
-    for container in status.container_statuses or []:
-        state = container.state
-        if state is not None and state.running is not None and status.phase == "Running":
-            return "running", "running"
-        if state is not None and state.waiting is not None and state.waiting.reason in FATAL_WAITING_REASONS:
-            return "failed", f"{state.waiting.reason}: {state.waiting.message or ''}".strip()
-    conditions = ", ".join(
-        f"{c.type}={c.status} {c.reason or ''} {c.message or ''}".strip() for c in status.conditions or []
-    )
-    return "starting", f"phase {status.phase}; {conditions}"

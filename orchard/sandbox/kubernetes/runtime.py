@@ -9,39 +9,27 @@ would lift the isolation of a pod still shutting down). ``reap_expired`` deletes
 ``orchard.dev/expires-at`` annotation (pushed forward by ``heartbeat``) and, with ``delete_finished_pods``, pods
 that exited or hit ``activeDeadlineSeconds``; it also sweeps Secrets and policies left without a pod.
 
-Every command and file operation is an exec (``connect_get_namespaced_pod_exec`` over a WebSocket through
-``kubernetes.stream.stream``) of a short POSIX ``sh`` wrapper that changes to the working directory, exports the
-call's environment, bounds stdin with ``head -c N`` (exec's stdin has no end-of-file that the v4 streaming
-protocol can signal) and runs the command under ``timeout -k 5``, which kills its process group on the node; the
-client stops waiting ``exec_grace_s`` later. Exit status 124 or 137 after the timeout elapsed counts as timed out.
-Task images therefore need ``/bin/sh``, ``timeout``/``head``/``cat``/``mkdir``/``chmod``/``rm`` (GNU coreutils
-or busybox 1.30+), ``tar`` (``source_dir``), GNU ``find`` (``list_files``) and ``git`` or ``patch``
-(``apply_patch``).
+Every command and file operation of a sandbox (``orchard.sandbox.kubernetes.sandbox``) is an exec
+(``connect_get_namespaced_pod_exec`` over a WebSocket through ``kubernetes.stream.stream``) of a short POSIX ``sh``
+wrapper (``orchard.sandbox.kubernetes.commands``) that runs the command under ``timeout -k 5``, which kills its
+process group on the node; ``stream_exec`` stops waiting ``exec_grace_s`` later. Exit status 124 or 137 after the
+timeout elapsed counts as timed out.
 
 ``stream`` swaps its ``ApiClient``'s ``call_api`` while it opens a WebSocket, which breaks concurrent calls
 on the same client; execs therefore use an ``ApiClient`` per thread, apart from the one of plain API calls.
 Errors are those of ``orchard.sandbox.exceptions`` (the local runtime raises the same), plus ``KubernetesRuntimeError``
-for what the cluster refused or failed.
+for what the cluster refused or failed (``orchard.sandbox.kubernetes.errors``).
 """
 
 from __future__ import annotations
 
 import base64
-import functools
-import io
-import json
 import os
-import re
-import tarfile
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import IO, Any, Literal, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, Literal
 
-import urllib3
-import websocket
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -49,43 +37,32 @@ from kubernetes.stream import stream as kube_stream
 from pydantic import ValidationError
 
 from orchard.logging import get_logger
-from orchard.sandbox import ExecResult, FileEntry, PtySession, Runtime, Sandbox, SandboxInfo, SandboxSpec
-from orchard.sandbox.exceptions import (
-    InvalidSandboxRequestError,
-    SandboxError,
-    SandboxExistsError,
-    SandboxFileNotFoundError,
-    SandboxNotFoundError,
-    SandboxStartError,
+from orchard.sandbox import Runtime, Sandbox, SandboxSpec
+from orchard.sandbox.exceptions import SandboxError, SandboxExistsError, SandboxNotFoundError
+from orchard.sandbox.kubernetes.commands import KILL_AFTER_S
+from orchard.sandbox.kubernetes.errors import (
+    TRANSPORT_ERRORS,
+    KubernetesRuntimeError,
+    KubernetesStartError,
+    describe_api_error,
+    ignore_missing,
+    unreachable_is_a_runtime_error,
 )
 from orchard.sandbox.kubernetes.objects import (
     ANNOTATION_EXPIRES_AT,
     ANNOTATION_SPEC,
     CONTAINER_NAME,
-    DELETE_SCRIPT,
-    EXIT_IS_DIR,
-    EXIT_MISSING,
-    KILL_AFTER_S,
     LABEL_SANDBOX,
     MANAGED_SELECTOR,
-    PATCH_SCRIPT,
-    READ_SCRIPT,
-    WRITE_SCRIPT,
     EpisodeObjects,
     KubernetesRuntimeConfig,
-    exec_argv,
-    host_exec_env,
-    list_script,
-    parse_listing,
-    pod_expires_at,
-    pod_is_live,
     pod_name,
-    pod_start_state,
     render_episode_objects,
     secret_name,
-    workspace_path,
 )
-from orchard.sandbox.workspace import GIT_IDENTITY
+from orchard.sandbox.kubernetes.pod_state import pod_expires_at, pod_is_live, pod_start_state
+from orchard.sandbox.kubernetes.sandbox import KubernetesSandbox
+from orchard.sandbox.kubernetes.streams import ExecStream, StreamEvent, drain_output, exit_code_of, feed_stdin
 
 __all__ = [
     "KubernetesRuntime",
@@ -99,12 +76,6 @@ __all__ = [
 ]
 
 log = get_logger("env.kubernetes")
-
-StreamEvent = tuple[Literal["stdout", "stderr", "exit"], bytes | int | None]
-CHUNK = 64 * 1024
-# Go's ExitError text ends kwok's message; the command line, which may hold anything, comes before it.
-_EXIT_STATUS_MESSAGE = re.compile(r"\bexit status (\d+)\s*$")
-_OUTPUT_CHANNELS: tuple[tuple[int, Literal["stdout", "stderr"]], ...] = ((1, "stdout"), (2, "stderr"))
 
 
 REQUIRED_RIGHTS: tuple[tuple[str, str, str], ...] = (
@@ -130,33 +101,6 @@ REQUIRED_RIGHTS: tuple[tuple[str, str, str], ...] = (
 ``infra/k8s/episode-runtime-rbac.yaml``, no more."""
 
 
-class KubernetesRuntimeError(SandboxError):
-    """The cluster refused or failed an operation (an infrastructure failure, not the agent's)."""
-
-
-class KubernetesStartError(KubernetesRuntimeError, SandboxStartError):
-    """An episode pod could not be created or did not start; what the attempt created was removed."""
-
-
-class ExecStream(Protocol):
-    """The part of ``kubernetes.stream.ws_client.WSClient`` the runtime uses (binary mode)."""
-
-    def is_open(self) -> bool:
-        """Whether the server has not closed the stream yet."""
-
-    def update(self, timeout: float | None = 0) -> None:
-        """Buffer the frames that arrive within ``timeout`` seconds."""
-
-    def read_channel(self, channel: int, timeout: float = 0) -> bytes:
-        """Take what is buffered on a channel (1 stdout, 2 stderr, 3 status)."""
-
-    def write_stdin(self, data: bytes) -> None:
-        """Send bytes to the command's stdin."""
-
-    def close(self, **kwargs: Any) -> None:
-        """Close the WebSocket."""
-
-
 def load_api_client(config: KubernetesRuntimeConfig) -> client.ApiClient:
     """An ``ApiClient`` from ``$KUBECONFIG`` when set, else from the pod's in-cluster service account."""
     configuration = client.Configuration()
@@ -176,292 +120,6 @@ def load_api_client(config: KubernetesRuntimeConfig) -> client.ApiClient:
         raise KubernetesRuntimeError(f"cannot load Kubernetes credentials from {source}: {exc}") from exc
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, 64)
     return client.ApiClient(configuration)
-
-
-def exit_code_of(status: bytes) -> int:
-    """The exit code in an exec's status channel (``v1.Status`` JSON)."""
-    if not status:
-        raise KubernetesRuntimeError("exec stream closed without an exit status")
-    try:
-        parsed = json.loads(status)
-    except ValueError as exc:
-        raise KubernetesRuntimeError(f"unreadable exec status {status[:200]!r}") from exc
-    if parsed.get("status") == "Success":
-        return 0
-    for cause in parsed.get("details", {}).get("causes", []):
-        if cause.get("reason") == "ExitCode":
-            return int(cause["message"])
-    # A kubelet that is not the reference one (kwok's, for one) reports a non-zero exit only in its message.
-    found = _EXIT_STATUS_MESSAGE.search(str(parsed.get("message", "")))
-    if found is not None:
-        return int(found.group(1))
-    raise KubernetesRuntimeError(f"exec failed: {parsed.get('message', parsed)}")
-
-
-_TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, websocket.WebSocketException, OSError)
-"""What the client raises when the API server cannot be reached (refused, reset, timed out), as opposed to an
-``ApiException`` with the server's answer."""
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def _unreachable_is_a_runtime_error(method: _Method) -> _Method:
-    """Turn the client's transport errors into ``KubernetesRuntimeError`` naming the call (a sandbox error of the
-    runtime's own, which callers already handle), leaving the runtime's own errors as they are."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except SandboxError:
-            raise
-        except _TRANSPORT_ERRORS as exc:
-            raise KubernetesRuntimeError(f"{method.__name__}: the API server could not be reached: {exc}") from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-PTY_SCRIPT = (
-    'cd "$1" || exit 126; m=$2; shift 2; while [ "$m" -gt 0 ]; do export "$1"; shift; m=$((m - 1)); done; exec "$@"'
-)
-"""Parameters: working directory, env count, ``K=V`` pairs, then the command. No ``timeout`` around it: an
-interactive program must own the terminal (the sandbox's TTL bounds it)."""
-
-
-class KubernetesPtySession(PtySession):
-    """A process on a terminal in the pod: an exec with ``tty`` over the API server's WebSocket (stdout carries the
-    terminal's output, channel 4 its size)."""
-
-    def __init__(self, ws: Any) -> None:
-        self._ws = ws
-        self._exit: int | None = None
-        self._status = b""
-
-    @_unreachable_is_a_runtime_error
-    def read(self, max_bytes: int = 65536, timeout_s: float = 1.0) -> bytes | None:
-        """Terminal output; ``None`` when nothing came within ``timeout_s``; ``b""`` once the terminal closed."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            data = self._ws.read_channel(1)
-            if data:
-                return data if isinstance(data, bytes) else data.encode()
-            if not self._ws.is_open():
-                self._collect_status()
-                return b""
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._ws.update(timeout=min(remaining, 0.2))
-
-    @_unreachable_is_a_runtime_error
-    def write(self, data: bytes) -> None:
-        """Keystrokes to the process."""
-        self._ws.write_stdin(data)
-
-    @_unreachable_is_a_runtime_error
-    def resize(self, cols: int, rows: int) -> None:
-        """Tell the terminal its new size."""
-        self._ws.write_channel(4, json.dumps({"Width": cols, "Height": rows}))
-
-    @_unreachable_is_a_runtime_error
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        """The exit status once the stream closed (output read meanwhile is kept for ``read``)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self._ws.is_open():
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            self._ws.update(timeout=0.2)
-        return self._collect_status()
-
-    def close(self) -> None:
-        """Close the stream: the terminal hangs up, which ends the process."""
-        self._ws.close()
-
-    def _collect_status(self) -> int | None:
-        self._status += self._ws.read_channel(3) or b""
-        if self._exit is None and self._status:
-            self._exit = exit_code_of(self._status)
-        return self._exit
-
-
-class KubernetesSandbox(Sandbox):
-    """One episode pod; every operation is an exec in its container (see the module docstring)."""
-
-    def __init__(
-        self,
-        runtime: KubernetesRuntime,
-        spec: SandboxSpec,
-        *,
-        created_at: float | None = None,
-        expires_at: float | None = None,
-    ) -> None:
-        self.spec = spec
-        self.pod_name = pod_name(spec.sandbox_id, runtime.config)
-        self.created_at = created_at
-        self.expires_at = expires_at
-        self._runtime = runtime
-        self._workspace = runtime.workspace_of(spec.sandbox_id)
-
-    def exec(
-        self,
-        command: Sequence[str] | str,
-        *,
-        timeout_s: float = 60.0,
-        cwd: str = ".",
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        """Run a command and wait for it; the node kills its process group at the timeout."""
-        started = time.perf_counter()
-        out, err, code = self._collect(self._events(command, timeout_s, cwd, env, stdin))
-        return ExecResult(
-            exit_code=code,
-            stdout=out.decode("utf-8", "replace"),
-            stderr=err.decode("utf-8", "replace"),
-            duration_ms=(time.perf_counter() - started) * 1000,
-            timed_out=code is None,
-        )
-
-    def exec_stream(
-        self, command: Sequence[str] | str, *, timeout_s: float = 60.0, cwd: str = "."
-    ) -> Iterator[StreamEvent]:
-        """Run a command, yielding output chunks as they arrive and finally ``("exit", code or None)``."""
-        return self._events(command, timeout_s, cwd, None, None)
-
-    def open_pty(self, command: Sequence[str] | str | None = None, *, cols: int = 80, rows: int = 24) -> PtySession:
-        """Start ``command`` (default ``/bin/sh``) on a terminal in the pod, in the working copy."""
-        argv = (
-            ["/bin/sh"]
-            if command is None
-            else (["/bin/sh", "-c", command] if isinstance(command, str) else list(command))
-        )
-        env = host_exec_env(self.spec, self._workspace) if self._runtime.config.node_exec_root is not None else {}
-        env["TERM"] = "xterm-256color"
-        pairs = [f"{key}={value}" for key, value in env.items()]
-        full = ["/bin/sh", "-c", PTY_SCRIPT, "orchard-pty", self._workspace, str(len(pairs)), *pairs, *argv]
-        session = KubernetesPtySession(self._runtime.open_stream(self.pod_name, full, tty=True))
-        session.resize(cols, rows)
-        return session
-
-    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        """Create or replace a file (parents created) through ``cat`` with the content on stdin."""
-        target = workspace_path(self._workspace, path)
-        self._file_op(["/bin/sh", "-c", WRITE_SCRIPT, "sh", target, format(mode, "o")], path, stdin=data)
-
-    def read_file(self, path: str) -> bytes:
-        """A file's content through ``cat``."""
-        return self._file_op(["/bin/sh", "-c", READ_SCRIPT, "sh", workspace_path(self._workspace, path)], path)
-
-    def list_files(self, path: str = ".", recursive: bool = False) -> list[FileEntry]:
-        """Entries under a directory (or the one entry of a file) through GNU ``find -printf``, sorted by path."""
-        argv = ["/bin/sh", "-c", list_script(recursive), "sh", workspace_path(self._workspace, path)]
-        return parse_listing(self._file_op(argv, path), path)
-
-    def delete_file(self, path: str) -> None:
-        """Remove a file or directory tree (``rm -rf``); the working copy's root itself is refused."""
-        target = workspace_path(self._workspace, path)
-        if target == self._workspace:
-            raise InvalidSandboxRequestError("cannot delete the working copy itself")
-        self._file_op(["/bin/sh", "-c", DELETE_SCRIPT, "sh", target], path)
-
-    def apply_patch(self, patch: str) -> ExecResult:
-        """Apply a unified diff in the working copy with ``git apply`` (or ``patch -p1`` where git is missing)."""
-        return self.exec(
-            ["/bin/sh", "-c", PATCH_SCRIPT], timeout_s=self._runtime.config.file_op_timeout_s, stdin=patch.encode()
-        )
-
-    def upload_dir(self, source: Path) -> None:
-        """Copy a local directory's contents into the working copy (a tar stream into ``tar -x``)."""
-        with tempfile.TemporaryFile() as archive:
-            with tarfile.open(fileobj=archive, mode="w") as tar:
-                # No version-control history goes in: reading future commits is a known reward hack.
-                tar.add(source, arcname=".", filter=lambda info: None if _is_vcs_path(info.name) else info)
-            size = archive.tell()
-            archive.seek(0)
-            argv = ["tar", "-x", "-f", "-", "-C", self._workspace]
-            self._file_op(argv, str(source), stdin=archive, stdin_len=size)
-
-    def git_snapshot(self) -> None:
-        """Make the working copy a new git repository whose single commit is its content (the image needs git)."""
-        done = self.exec(
-            ["/bin/sh", "-c", "git init -q && git add -A && git commit -q --allow-empty --no-verify -m task"],
-            timeout_s=self._runtime.config.file_op_timeout_s,
-            env={**GIT_IDENTITY, "HOME": self._workspace},
-        )
-        if done.exit_code != 0:
-            raise SandboxStartError(f"git snapshot of the working copy failed: {(done.stderr or done.stdout)[-500:]}")
-
-    def heartbeat(self) -> None:
-        """Push the ``orchard.dev/expires-at`` annotation ``ttl_s`` past now."""
-        self.expires_at = self._runtime.extend(self.spec.sandbox_id, self.spec.ttl_s)
-
-    def info(self) -> SandboxInfo:
-        """The spec, lifetime and working directory as this object last saw them."""
-        config = self._runtime.config
-        isolation = f"Kubernetes pod {config.namespace}/{self.pod_name}, egress to the proxy only"
-        if config.runtime_class_name:
-            isolation += f", runtime class {config.runtime_class_name}"
-        return SandboxInfo(
-            spec=self.spec,
-            created_at=self.created_at,
-            expires_at=self.expires_at,
-            workdir=self._workspace,
-            proxy_endpoint=self.spec.proxy_url,
-            isolation=isolation,
-        )
-
-    def close(self) -> None:
-        """Delete the pod (and its Secret and policy)."""
-        self._runtime.delete(self.spec.sandbox_id)
-
-    def _file_op(
-        self, argv: list[str], path: str, *, stdin: bytes | IO[bytes] | None = None, stdin_len: int | None = None
-    ) -> bytes:
-        timeout = self._runtime.config.file_op_timeout_s
-        out, err, code = self._collect(self._events(argv, timeout, ".", None, stdin, stdin_len))
-        if code == EXIT_MISSING:
-            raise SandboxFileNotFoundError(f"no file or directory {path!r}")
-        if code == EXIT_IS_DIR:
-            raise InvalidSandboxRequestError(f"{path!r} is a directory")
-        if code != 0:
-            reason = "timed out" if code is None else f"exit {code}"
-            raise KubernetesRuntimeError(f"{argv[0]} on {path!r} in {self.pod_name} failed ({reason}): {err[-500:]!r}")
-        return out
-
-    def _events(
-        self,
-        command: Sequence[str] | str,
-        timeout_s: float,
-        cwd: str,
-        env: Mapping[str, str] | None,
-        stdin: bytes | IO[bytes] | None,
-        stdin_len: int | None = None,
-    ) -> Iterator[StreamEvent]:
-        if isinstance(stdin, bytes):
-            stdin, stdin_len = io.BytesIO(stdin), len(stdin)
-        if self._runtime.config.node_exec_root is not None:
-            # A host-exec node applies none of the pod's environment: every command carries it instead.
-            env = {**host_exec_env(self.spec, self._workspace), **(env or {})}
-        argv = exec_argv(
-            command,
-            cwd=workspace_path(self._workspace, cwd),
-            timeout_s=timeout_s,
-            env=env or {},
-            stdin_len=stdin_len if stdin is not None else None,
-        )
-        return self._runtime.stream_exec(self.pod_name, argv, stdin, timeout_s)
-
-    @staticmethod
-    def _collect(events: Iterator[StreamEvent]) -> tuple[bytes, bytes, int | None]:
-        out, err, code = bytearray(), bytearray(), None
-        for kind, value in events:
-            if kind == "stdout" and isinstance(value, bytes):
-                out += value
-            elif kind == "stderr" and isinstance(value, bytes):
-                err += value
-            elif kind == "exit":
-                code = value if isinstance(value, int) else None
-        return bytes(out), bytes(err), code
 
 
 class KubernetesRuntime(Runtime):
@@ -524,7 +182,7 @@ class KubernetesRuntime(Runtime):
                 raise SandboxExistsError(f"sandbox {spec.sandbox_id} exists") from exc
             if isinstance(exc, SandboxError):
                 raise
-            raise KubernetesStartError(f"creating sandbox {spec.sandbox_id} failed: {_describe(exc)}") from exc
+            raise KubernetesStartError(f"creating sandbox {spec.sandbox_id} failed: {describe_api_error(exc)}") from exc
         with self._lock:
             self._created.add(spec.sandbox_id)
         log.info(
@@ -535,7 +193,7 @@ class KubernetesRuntime(Runtime):
         )
         return sandbox
 
-    @_unreachable_is_a_runtime_error
+    @unreachable_is_a_runtime_error
     def get(self, sandbox_id: str) -> KubernetesSandbox:
         """The sandbox of a live pod (``KeyError`` when missing, finished or being deleted)."""
         try:
@@ -545,19 +203,19 @@ class KubernetesRuntime(Runtime):
         except ApiException as exc:
             if exc.status == 404:
                 raise SandboxNotFoundError(sandbox_id) from exc
-            raise KubernetesRuntimeError(f"reading sandbox {sandbox_id} failed: {_describe(exc)}") from exc
+            raise KubernetesRuntimeError(f"reading sandbox {sandbox_id} failed: {describe_api_error(exc)}") from exc
         sandbox = self._sandbox_of(pod) if pod_is_live(pod) else None
         if sandbox is None:
             raise SandboxNotFoundError(sandbox_id)
         return sandbox
 
-    @_unreachable_is_a_runtime_error
+    @unreachable_is_a_runtime_error
     def list(self) -> list[Sandbox]:
         """Sandboxes of live pods (their ``spec.env`` is empty: env is not stored on the cluster in clear)."""
         sandboxes = (self._sandbox_of(pod) for pod in self._managed("pod") if pod_is_live(pod))
         return [sandbox for sandbox in sandboxes if sandbox is not None]
 
-    @_unreachable_is_a_runtime_error
+    @unreachable_is_a_runtime_error
     def missing_rights(self) -> list[str]:
         """The ``REQUIRED_RIGHTS`` the credentials lack in the namespace (asked with SelfSubjectAccessReviews, which
         every authenticated identity may make), as ``verb resource`` strings; empty when all are granted."""
@@ -574,7 +232,7 @@ class KubernetesRuntime(Runtime):
             try:
                 answer = authorization.create_self_subject_access_review(review, **self._timeout())
             except ApiException as exc:
-                raise KubernetesRuntimeError(f"cannot check the runtime's rights: {_describe(exc)}") from exc
+                raise KubernetesRuntimeError(f"cannot check the runtime's rights: {describe_api_error(exc)}") from exc
             if not answer.status.allowed:
                 missing.append(f"{verb} {resource}" + (f" ({group})" if group else ""))
         return missing
@@ -593,7 +251,7 @@ class KubernetesRuntime(Runtime):
         root = self.config.node_exec_root
         return self.config.workspace_dir if root is None else f"{root}/{sandbox_id}"
 
-    @_unreachable_is_a_runtime_error
+    @unreachable_is_a_runtime_error
     def delete(self, sandbox_id: str) -> None:
         """Delete the pod and the Secret (the policy follows the pod); no error if already gone."""
         if self.config.node_exec_root is not None:
@@ -610,7 +268,7 @@ class KubernetesRuntime(Runtime):
         for sandbox_id in mine:
             self.delete(sandbox_id)
 
-    @_unreachable_is_a_runtime_error
+    @unreachable_is_a_runtime_error
     def reap_expired(self) -> list[str]:
         """Delete pods past their expiry (and finished ones with ``delete_finished_pods``); sweep orphans."""
         now = self._clock()
@@ -629,7 +287,7 @@ class KubernetesRuntime(Runtime):
             log.info("sandboxes reaped", sandboxes=reaped)
         return reaped
 
-    @_unreachable_is_a_runtime_error
+    @unreachable_is_a_runtime_error
     def extend(self, sandbox_id: str, ttl_s: float) -> float:
         """Set the pod's expiry ``ttl_s`` from now and return it (its ``activeDeadlineSeconds`` cannot grow)."""
         expires_at = self._clock() + ttl_s
@@ -652,18 +310,18 @@ class KubernetesRuntime(Runtime):
         ws = self.open_stream(pod, argv, stdin=stdin is not None)
         try:
             if stdin is not None:
-                _feed(ws, stdin)
+                feed_stdin(ws, stdin)
             while ws.is_open():
                 if time.monotonic() >= give_up:
                     yield "exit", None
                     return
                 ws.update(timeout=max(0.0, min(1.0, give_up - time.monotonic())))
-                yield from _drain(ws)
-            yield from _drain(ws)
+                yield from drain_output(ws)
+            yield from drain_output(ws)
             code = exit_code_of(ws.read_channel(3))
             timed_out = code in (124, 137) and time.monotonic() - started >= timeout_s
             yield "exit", None if timed_out else code
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             raise KubernetesRuntimeError(f"exec in {pod} lost its connection: {exc}") from exc
         finally:
             ws.close()
@@ -699,8 +357,8 @@ class KubernetesRuntime(Runtime):
                 binary=True,
             )
         except ApiException as exc:
-            raise KubernetesRuntimeError(f"exec in {pod} failed: {_describe(exc)}") from exc
-        except _TRANSPORT_ERRORS as exc:
+            raise KubernetesRuntimeError(f"exec in {pod} failed: {describe_api_error(exc)}") from exc
+        except TRANSPORT_ERRORS as exc:
             raise KubernetesRuntimeError(f"exec in {pod} failed: the API server could not be reached: {exc}") from exc
 
     def _exec_api(self) -> Any:
@@ -741,13 +399,13 @@ class KubernetesRuntime(Runtime):
         ns = self.config.namespace
         pod_gone = "pod" not in created
         if not pod_gone:
-            pod_gone = not _ignore_missing(
+            pod_gone = not ignore_missing(
                 self._core.delete_namespaced_pod, names["pod"], ns, propagation_policy="Background", **self._timeout()
             )
         if "secret" in created:
-            _ignore_missing(self._core.delete_namespaced_secret, names["secret"], ns, **self._timeout())
+            ignore_missing(self._core.delete_namespaced_secret, names["secret"], ns, **self._timeout())
         if "policy" in created and (pod_gone or not policy_owned):
-            _ignore_missing(self._net.delete_namespaced_network_policy, names["pod"], ns, **self._timeout())
+            ignore_missing(self._net.delete_namespaced_network_policy, names["pod"], ns, **self._timeout())
 
     def _managed(self, kind: Literal["pod", "secret", "policy"]) -> list[Any]:
         ns, selector = self.config.namespace, MANAGED_SELECTOR
@@ -771,7 +429,7 @@ class KubernetesRuntime(Runtime):
                 created = obj.metadata.creation_timestamp
                 if sandbox_id in live or created is None or created.timestamp() > cutoff:
                     continue
-                _ignore_missing(delete, obj.metadata.name, self.config.namespace, **self._timeout())
+                ignore_missing(delete, obj.metadata.name, self.config.namespace, **self._timeout())
                 log.info("orphan removed", kind=kind, name=obj.metadata.name)
 
     def _sandbox_of(self, pod: Any) -> KubernetesSandbox | None:
@@ -810,38 +468,3 @@ class KubernetesRuntime(Runtime):
         for rendered in ("HOME", "OPENAI_BASE_URL"):  # the runtime's own, set again from the spec at each exec
             env.pop(rendered, None)
         return env
-
-
-def _feed(ws: ExecStream, stdin: IO[bytes]) -> None:
-    while chunk := stdin.read(CHUNK):
-        ws.write_stdin(chunk)
-        ws.update(timeout=0)  # buffer output meanwhile, so neither side's buffers fill up
-
-
-def _drain(ws: ExecStream) -> Iterator[StreamEvent]:
-    for channel, kind in _OUTPUT_CHANNELS:
-        data = ws.read_channel(channel)
-        if data:
-            yield kind, data
-
-
-def _ignore_missing(call: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-    """Call a delete; False when the object was already gone."""
-    try:
-        call(*args, **kwargs)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise KubernetesRuntimeError(f"delete failed: {_describe(exc)}") from exc
-    return True
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason}: {(exc.body or '')[:500]}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _is_vcs_path(name: str) -> bool:
-    """Whether an archive member belongs to version-control metadata (``.git``, ``.hg``, ``.svn``)."""
-    return any(part in {".git", ".hg", ".svn"} for part in name.split("/"))

@@ -37,24 +37,23 @@ from orchard.sandbox.exceptions import (
     SandboxFileNotFoundError,
     SandboxNotFoundError,
 )
+from orchard.sandbox.kubernetes.commands import exec_argv, workspace_path
 from orchard.sandbox.kubernetes.objects import (
     ANNOTATION_EXPIRES_AT,
     ANNOTATION_SPEC,
     KubernetesRuntimeConfig,
     ProxyEgress,
     Toleration,
-    exec_argv,
     label_value,
     render_episode_objects,
-    workspace_path,
 )
 from orchard.sandbox.kubernetes.runtime import (
     KubernetesRuntime,
     KubernetesRuntimeError,
     KubernetesSandbox,
     KubernetesStartError,
-    exit_code_of,
 )
+from orchard.sandbox.kubernetes.streams import exit_code_of
 
 NOW = 1_800_000_000.0
 PROXY_LABELS = {"app.kubernetes.io/name": "orchard-proxy"}
