@@ -84,19 +84,26 @@ def publish_policy_version(
     """Upload ``files`` as ``version`` and announce it; return the manifest and the record sent (acknowledged)."""
     name = policy_artifact_name(run_id, model)
     manifest = store.publish_version(name, version, files, {"trainer_step": trainer_step, **dict(metrics or {})})
-    key = manifest_key(name, version)
-    record = {
+    record = _version_record(store, run_id, model, version, trainer_step, metrics or {})
+    producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
+    return manifest, record
+
+
+def _version_record(
+    store: ArtifactStore, run_id: str, model: str, version: int, trainer_step: int, metrics: Mapping[str, float]
+) -> dict[str, Any]:
+    """The PolicyVersion record of ``version``, already in the store (its manifest's sha256 read back from it)."""
+    key = manifest_key(policy_artifact_name(run_id, model), version)
+    return {
         "run_id": run_id,
         "model": model,
         "version": version,
         "uri": f"{store.location}/{key}",
         "sha256": hashlib.sha256(store.get_bytes(key)).hexdigest(),
         "trainer_step": trainer_step,
-        "metrics": dict(metrics or {}),
+        "metrics": dict(metrics),
         "created_at": now_ms(),
     }
-    producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
-    return manifest, record
 
 
 def announce_published_version(
@@ -112,20 +119,10 @@ def announce_published_version(
     """Announce ``version``, already in the store (an earlier process of the trainer published it after its last
     checkpoint), with the step its manifest records (else ``step``); return the recorded step, if any."""
     name = policy_artifact_name(run_id, model)
-    key = manifest_key(name, version)
     stored_step = store.read_manifest(name, version).metadata.get("trainer_step")
     recorded = int(stored_step) if isinstance(stored_step, int) else None
     log.warning("version already published by an earlier run of this trainer; keeping it and announcing it again",
                 version=version, step=step, stored_step=recorded)  # fmt: skip
-    record = {
-        "run_id": run_id,
-        "model": model,
-        "version": version,
-        "uri": f"{store.location}/{key}",
-        "sha256": hashlib.sha256(store.get_bytes(key)).hexdigest(),
-        "trainer_step": recorded if recorded is not None else step,
-        "metrics": {},
-        "created_at": now_ms(),
-    }
+    record = _version_record(store, run_id, model, version, recorded if recorded is not None else step, {})
     producer.send(POLICY_VERSIONS, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
     return recorded
