@@ -40,6 +40,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.harnesses.json_lines import json_objects
 from orchard.sandbox import Sandbox
 
 TASK_FILE = "task.md"
@@ -222,11 +223,5 @@ def _fits_in_argument(text: str) -> bool:
 
 
 def _last_end_record(text: str) -> dict[str, Any]:
-    for line in reversed(text.splitlines()):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == "end":
-            return record
-    return {}
+    ends = [record for record in json_objects(text) if record.get("event") == "end"]
+    return ends[-1] if ends else {}

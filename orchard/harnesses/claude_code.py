@@ -51,13 +51,13 @@ subagents' under it), the result's text as the final message, and the working co
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from orchard.harnesses.base import HarnessArtifacts, HarnessTask, ModelEndpoint, ShellArg, find_npm_harness
 from orchard.harnesses.headless import HeadlessCliAdapter
+from orchard.harnesses.json_lines import json_objects
 from orchard.sandbox import Sandbox
 
 CLAUDE_CODE_VERSION = "2.1.332"
@@ -179,15 +179,8 @@ def result_event(events: str) -> dict[str, Any] | None:
     >>> result_event('{"type":"system"}\\nnoise\\n{"type":"result","subtype":"success","is_error":false}\\n')
     {'type': 'result', 'subtype': 'success', 'is_error': False}
     """
-    found: dict[str, Any] | None = None
-    for line in events.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("type") == "result":
-            found = event
-    return found
+    results = [event for event in json_objects(events) if event.get("type") == "result"]
+    return results[-1] if results else None
 
 
 def exit_status(result: Mapping[str, Any] | None) -> str | None:

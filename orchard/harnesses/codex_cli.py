@@ -75,6 +75,7 @@ from orchard.harnesses.base import (
     shell_command,
     write_state_file,
 )
+from orchard.harnesses.json_lines import json_objects
 from orchard.sandbox import Sandbox
 
 CODEX_VERSION = "0.169.0"
@@ -185,12 +186,8 @@ def _end_event(rollouts: Iterable[str]) -> str | None:
     """The type of the last end-of-task event (``task_complete``, ``turn_aborted``, ``error``) in the rollouts."""
     found: str | None = None
     for text in rollouts:
-        for line in text.splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            payload = record.get("payload") if isinstance(record, dict) else None
+        for record in json_objects(text):
+            payload = record.get("payload")
             if record.get("type") == "event_msg" and isinstance(payload, dict) and payload.get("type") in END_EVENTS:
                 found = payload["type"]
     return found

@@ -62,6 +62,7 @@ from orchard.harnesses.base import (
     write_state_file,
 )
 from orchard.harnesses.headless import HeadlessCliAdapter, check_token_limits
+from orchard.harnesses.json_lines import json_objects
 from orchard.sandbox import Sandbox
 
 OPENCODE_VERSION = "1.18.33"
@@ -163,15 +164,7 @@ class OpencodeAdapter(HeadlessCliAdapter):
 
 def parse_events(events: str) -> list[dict[str, Any]]:
     """The JSON objects of a ``--format json`` output, one a line (other lines skipped)."""
-    parsed = []
-    for line in events.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            parsed.append(event)
-    return parsed
+    return list(json_objects(events))
 
 
 def run_status(events: list[dict[str, Any]]) -> str | None:

@@ -58,6 +58,7 @@ from orchard.harnesses.base import (
     write_state_file,
 )
 from orchard.harnesses.headless import HeadlessCliAdapter, check_token_limits
+from orchard.harnesses.json_lines import json_objects
 from orchard.sandbox import Sandbox
 
 PI_VERSION = "0.73.1"
@@ -160,13 +161,7 @@ def last_assistant(events: str) -> dict[str, Any] | None:
     {'role': 'assistant', 'stopReason': 'error'}
     """
     found: dict[str, Any] | None = None
-    for line in events.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
+    for event in json_objects(events):
         messages = event.get("messages") if event.get("type") == "agent_end" else [event.get("message")]
         if event.get("type") in ("agent_end", "message_end") and isinstance(messages, list):
             assistant = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
