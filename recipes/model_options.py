@@ -17,9 +17,13 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 def add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """An option ``--field-name`` per field of ``model``: typed as its default is, its help the field's description,
-    no default of its own (``model_from_options`` leaves an option not given to the model)."""
+    no default of its own (``model_from_options`` leaves an option not given to the model). Fields are plain ``int``,
+    ``float`` or ``str`` settings; any other kind is refused here rather than parsed wrongly."""
     for name, field in model.model_fields.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), help=field.description)
+        kind = type(field.default)
+        if kind not in (int, float, str):
+            raise TypeError(f"{model.__name__}.{name}: only int, float and str settings become options, not {kind}")
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=field.description)
 
 
 def model_from_options(args: argparse.Namespace, model: type[ModelT]) -> ModelT:

@@ -238,6 +238,8 @@ class PolicyTrainerConfig(_Strict):
         if not isinstance(options, dict):
             raise ValueError(f"deepspeed_config: must be a mapping of DeepSpeed settings, not {options!r}")
         backend = _backend_name(data.get("backend"))
+        if isinstance(backend, DeepSpeedBackendConfig):  # built in Python rather than read from a file
+            backend = backend.model_dump(exclude_unset=True) | {"type": "deepspeed"}
         if isinstance(backend, dict) and backend.get("type") == "deepspeed":
             if "config" in backend:
                 raise ValueError("deepspeed_config: DeepSpeed's options are given twice; keep backend.config only")

@@ -18,6 +18,7 @@ Secrets (the per-episode proxy token) are passed only in the command's environme
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import re
 import shlex
@@ -356,11 +357,23 @@ _FACTORIES: dict[str, AdapterFactory | str] = {
     "claude-code": "orchard.harnesses.claude_code:ClaudeCodeAdapter",
     "opencode": "orchard.harnesses.opencode:OpencodeAdapter",
     "pi": "orchard.harnesses.pi:PiAdapter",
-    "browser": "recipes.gui.harness:BrowserAgentAdapter",
-    "claw": "recipes.claw.harness:ClawAgentAdapter",
-    "openclaw": "recipes.claw.openclaw:OpenClawAdapter",
 }
-"""Built-in adapters by name, imported on first use (``module:attribute``)."""
+"""Adapters by name, imported on first use (``module:attribute``): the core's own, then those other packages
+declare under the ``orchard.harnesses`` entry-point group (the recipes' ``browser``, ``claw`` and ``openclaw`` in
+``pyproject.toml``), so the core names no module above it."""
+ENTRY_POINT_GROUP = "orchard.harnesses"
+_entry_points_read = False
+
+
+def _declared_factories() -> dict[str, AdapterFactory | str]:
+    """Every adapter known: the registered ones, plus the entry points of ``ENTRY_POINT_GROUP`` (read once) that
+    no registration has taken the name of."""
+    global _entry_points_read
+    if not _entry_points_read:
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            _FACTORIES.setdefault(entry.name, entry.value)
+        _entry_points_read = True
+    return _FACTORIES
 
 
 def register_adapter(name: str, factory: AdapterFactory) -> None:
@@ -370,12 +383,12 @@ def register_adapter(name: str, factory: AdapterFactory) -> None:
 
 def adapter_names() -> list[str]:
     """Registered adapter names, sorted."""
-    return sorted(_FACTORIES)
+    return sorted(_declared_factories())
 
 
 def get_adapter(name: str, **options: object) -> HarnessAdapter:
     """A new adapter of the harness ``name``, built with ``options`` (see each adapter's constructor)."""
-    factory = _FACTORIES.get(name)
+    factory = _declared_factories().get(name)
     if factory is None:
         raise UnknownHarnessError(f"no harness adapter {name!r}; known: {', '.join(adapter_names())}")
     if isinstance(factory, str):

@@ -6,13 +6,15 @@ From the bottom: the core (``orchard/`` but its entry points); ``producers/``, `
 import anything.
 Inside the core, the harness adapters sit below Orchard Env: ``orchard.env`` runs them, they import nothing of it nor
 of the runtimes behind the sandbox interface; the sandbox (``orchard.sandbox``) imports nothing of ``orchard.env``.
-Every import counts, at module level or inside a function or ``if TYPE_CHECKING:``; relative imports are resolved.
+Every import counts, at module level or inside a function or ``if TYPE_CHECKING:``; relative imports are resolved;
+a ``"package.module:attribute"`` string (a name imported later, by ``importlib``) counts as an import of its module.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ MAY_IMPORT = {
     "entry points": set(LAYERS),
 }
 """The layers each layer's modules may import (besides third-party packages)."""
+LAZY_IMPORT = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.\w+)*):[A-Za-z_]\w*")
+"""A ``module:attribute`` string: what entry points and lazy registries import by name."""
 HARNESSES_MAY_NOT_IMPORT = ("orchard.env", "orchard.sandbox.local", "orchard.sandbox.kubernetes")
 """The episode service that runs the harness adapters, and the runtimes behind the sandbox interface they use."""
 
@@ -78,6 +82,8 @@ def imports_of(path: Path, root: Path) -> Iterator[Import]:
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
             names = [module if alias.name == "*" else f"{module}.{alias.name}".lstrip(".") for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY_IMPORT.fullmatch(node.value):
+            names = [node.value.partition(":")[0]]
         else:
             continue
         for name in names:
@@ -129,6 +135,7 @@ def test_imports_inside_functions_and_relative_imports_that_climb_are_found(tmp_
         "orchard/config.py": "from .bus import open_bus\n\ndef load():\n    from consumers.config import Settings\n",
         "orchard/bus/__init__.py": "from ..cli import main\nfrom . import base\n",
         "orchard/cli/__init__.py": "import trainers.policy\n",
+        "orchard/registry.py": "ADAPTERS = {'claw': 'recipes.claw.harness:ClawAdapter', 'note': 'see: here'}\n",
         "producers/__init__.py": "",
         "producers/proxy.py": "if TYPE_CHECKING:\n    from consumers import assembler\n",
         "consumers/__init__.py": "",
@@ -140,5 +147,6 @@ def test_imports_inside_functions_and_relative_imports_that_climb_are_found(tmp_
     assert climbing(all_imports(tmp_path)) == [
         "orchard/bus/__init__.py:1: from ..cli import main (core -> entry points)",
         "orchard/config.py:4: from consumers.config import Settings (core -> consumers)",
+        "orchard/registry.py:1: 'recipes.claw.harness:ClawAdapter' (core -> recipes)",
         "producers/proxy.py:2: from consumers import assembler (producers -> consumers)",
     ]

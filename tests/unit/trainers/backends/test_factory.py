@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from orchard.exceptions import ConfigError
 from trainers.backends.deepspeed_backend import deepspeed_available
@@ -83,3 +84,10 @@ def test_open_backend_gives_the_backend_the_config_names() -> None:
     if not deepspeed_available():
         with pytest.raises(BackendUnavailableError, match=r"pip install 'orchard-rl\[deepspeed\]'"):
             open_backend(load_policy_model(config.model), deepspeed, torch.device("cpu"))
+
+
+def test_a_top_level_deepspeed_config_reaches_a_deepspeed_backend_built_in_python() -> None:
+    config = PolicyTrainerConfig(backend=DeepSpeedBackendConfig(), deepspeed_config={"zero_optimization": {"stage": 2}})
+    assert config.backend == DeepSpeedBackendConfig(config={"zero_optimization": {"stage": 2}})
+    with pytest.raises(ValidationError, match=r"deepspeed_config: DeepSpeed's options are given twice"):
+        PolicyTrainerConfig(backend=DeepSpeedBackendConfig(config={}), deepspeed_config={})
