@@ -205,8 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--policy-version", type=int, default=0)
     server.add_argument("--tokenizer", default="tiny", help="The policy's tokenizer: tiny, a directory, or none.")
-    server.add_argument("--latency-s", type=float, default=0.0,
-                        help="Answer each episode's request this many seconds after it arrived (default 0).")
+    server.add_argument(
+        "--latency-s",
+        type=float,
+        default=0.0,
+        help="Answer each episode's request this many seconds after it arrived (default 0).",
+    )
     args = parser.parse_args(argv)
     if args.command == "serve":
         if args.latency_s < 0:

@@ -71,14 +71,25 @@ class LookupConfig(BaseModel):
     files_per_task: int = Field(3, ge=1, le=len(FILE_NAMES), description="Files in each workspace.")
     keys_per_file: int = Field(2, ge=1, le=len(KEYS), description="key: value lines in each file.")
     max_steps: int = Field(6, ge=2, description="Model calls the harness may make (the expert needs 2 to 4).")
+    value_min: int = Field(
+        VALUE_RANGE[0],
+        ge=VALUE_RANGE[0],
+        le=VALUE_RANGE[1],
+        description="Smallest workspace value (three digits). The recipe uses 500: the tiny tokenizer merges a "
+        "space with a first digit 1-4 into one token, which the tiny model cannot tell apart (README, stop 26).",
+    )
+    value_max: int = Field(VALUE_RANGE[1], ge=VALUE_RANGE[0], le=VALUE_RANGE[1], description="Largest workspace value.")
     harness_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of the harness.")
     grade_timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of the grader.")
 
     @model_validator(mode="after")
     def _enough_values(self) -> LookupConfig:
-        lo, hi = VALUE_RANGE
-        if self.files_per_task * self.keys_per_file > (hi - lo + 1) // 2:
-            raise ValueError("files_per_task * keys_per_file is too large for unique three-digit values")
+        if self.value_min > self.value_max:
+            raise ValueError(f"value_min ({self.value_min}) is above value_max ({self.value_max})")
+        if self.files_per_task * self.keys_per_file > (self.value_max - self.value_min + 1) // 2:
+            raise ValueError(
+                f"files_per_task * keys_per_file is too large for unique values in [{self.value_min}, {self.value_max}]"
+            )
         return self
 
 
@@ -128,7 +139,9 @@ class LookupTask:
 def sample_task(rng: random.Random, config: LookupConfig, task_id: str) -> LookupTask:
     """A random task: ``files_per_task`` files of ``keys_per_file`` lines, values unique within the task."""
     stems = rng.sample(FILE_NAMES, config.files_per_task)
-    values = iter(rng.sample(range(VALUE_RANGE[0], VALUE_RANGE[1] + 1), config.files_per_task * config.keys_per_file))
+    values = iter(
+        rng.sample(range(config.value_min, config.value_max + 1), config.files_per_task * config.keys_per_file)
+    )
     files = {
         f"{stem}.txt": {key: str(next(values)) for key in sorted(rng.sample(KEYS, config.keys_per_file))}
         for stem in stems

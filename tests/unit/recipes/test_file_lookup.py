@@ -85,6 +85,28 @@ def test_generation_refuses_a_non_empty_output_directory(tmp_path: Path) -> None
         generate(SMALL, tmp_path)
 
 
+def test_values_stay_in_the_configured_range_and_the_default_range_keeps_the_old_tasks() -> None:
+    narrow = generate_tasks(SMALL.model_copy(update={"value_min": 500}))
+    values = [int(v) for split in narrow.values() for task in split for f in task.files.values() for v in f.values()]
+    assert min(values) >= 500 and max(values) <= 999
+    # the default (100-999) draws exactly what the generator drew before the option existed
+    assert generate_tasks(SMALL)["eval"][0].files == {
+        "cow.txt": {"y": "957", "z": "574"}, "bee.txt": {"x": "469", "z": "622"}, "emu.txt": {"w": "468", "x": "437"}
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("update", "field"),
+    [({"value_min": 99}, "value_min"), ({"value_max": 1000}, "value_max"), ({"value_min": 600, "value_max": 500},
+     "value_min"), ({"value_min": 998, "keys_per_file": 2}, "too large")],
+)  # fmt: skip
+def test_a_value_range_that_is_not_three_digits_or_too_narrow_is_refused_naming_it(
+    update: dict[str, int], field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        LookupConfig(**(SMALL.model_dump() | update))
+
+
 def working_copy(tmp_path: Path, answer: str | None) -> tuple[Path, Path]:
     """``TASK``'s directory and a working copy of it as the harness left it (workspace and answer)."""
     task_dir = tmp_path / "task"
