@@ -15,8 +15,9 @@ incomplete one goes to the dead letters (its trajectory is already out).
 
 State (``StateStore``; every value starts with the 8-byte bus timestamp of the input that wrote it):
 
-- ``c/<call_index>/<episode>``: the call's record exactly as read;
-- ``o/<episode>``: the outcome's record exactly as read;
+- ``c/<call_index>/<episode>``: the call's record exactly as read (``put_input``: the changelog holds where the
+  record is in ``model-calls``, not a second copy of its bytes);
+- ``o/<episode>``: the outcome's record exactly as read (likewise);
 - ``d/<episode>``: the episode was emitted (value: timestamp + ``1`` complete or ``0`` incomplete).
 
 The in-memory index (open episodes, their calls, deadlines) is rebuilt from the store in ``open``.
@@ -131,14 +132,14 @@ class TrajectoryAssembler(Processor):
             if episode is not None and record["call_index"] in episode.calls:
                 self.duplicates += 1
                 return
-            state.put(key, STAMP.pack(message.timestamp_ms) + message.value)
+            state.put_input(key, message, STAMP.pack(message.timestamp_ms))
             self._note_call(episode_id, record, message.timestamp_ms)
         else:
             episode = self.open_episodes.get(episode_id)
             if episode is not None and episode.outcome is not None:
                 self.duplicates += 1
                 return
-            state.put(f"o/{episode_id}", STAMP.pack(message.timestamp_ms) + message.value)
+            state.put_input(f"o/{episode_id}", message, STAMP.pack(message.timestamp_ms))
             self._note_outcome(episode_id, record, message.timestamp_ms)
         if self.open_episodes[episode_id].complete:
             self._emit(episode_id, message.timestamp_ms, None, emit)

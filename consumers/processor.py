@@ -66,6 +66,10 @@ class StateStore(Protocol):
     def put(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key`` (committed with the current input)."""
 
+    def put_input(self, key: str, message: Input, prefix: bytes = b"") -> None:
+        """Store ``prefix + message.value`` under ``key``: the input record kept as read, which the store may
+        persist as a reference to the record's place in its input topic rather than as a second copy."""
+
     def delete(self, key: str) -> None:
         """Forget ``key``."""
 

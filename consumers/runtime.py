@@ -29,7 +29,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -37,6 +37,7 @@ from typing import Any
 from consumers.config import RuntimeConfig
 from consumers.processor import Input, Processor, RecordRejected
 from consumers.state import ChangelogStateStore
+from consumers.state_refs import InputRef
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, TransactionalProducer, TransactionError
 from orchard.bus.base import StartPosition
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
@@ -52,6 +53,7 @@ from orchard.topics import DEAD_LETTERS, TOPICS_BY_NAME
 log = get_logger("consumers.runtime")
 DEFAULT_LETTER_LIMIT = 1_000_000  # without a producer to ask: Kafka's default record limit
 FENCED_AGAIN_S = 60.0  # a member fenced twice within this: another instance uses its id
+READ_GAP = 1000  # reading back referenced inputs: records between two wanted ones read through rather than seeking
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +258,36 @@ def read_topic(
         consumer.close()
 
 
+def read_offsets(
+    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float = 0.5, idle_polls: int = 3
+) -> dict[tuple[int, int], bytes]:
+    """The values of the records of ``topic`` at ``offsets`` (per partition), keyed by (partition, offset); records
+    the topic no longer holds are absent. Offsets close together are read as one range (one pass per range of each
+    partition), so reading back the open state of a stream costs about one read of its recent records."""
+    runs = {p: _runs(sorted(set(wanted))) for p, wanted in offsets.items()}
+    found: dict[tuple[int, int], bytes] = {}
+    for i in range(max((len(r) for r in runs.values()), default=0)):
+        start = {p: r[i][0] for p, r in runs.items() if i < len(r)}
+        end = {p: r[i][-1] + 1 for p, r in runs.items() if i < len(r)}
+        wanted = {p: set(r[i]) for p, r in runs.items() if i < len(r)}
+        for record in read_topic(bus, topic, start=start, end=end, poll_timeout_s=poll_timeout_s,
+                                 idle_polls=idle_polls):  # fmt: skip
+            if record.offset in wanted[record.partition]:
+                found[(record.partition, record.offset)] = record.value
+    return found
+
+
+def _runs(offsets: list[int]) -> list[list[int]]:
+    """Sorted ``offsets`` split where the gap to the next exceeds ``READ_GAP`` records."""
+    runs: list[list[int]] = []
+    for offset in offsets:
+        if runs and offset - runs[-1][-1] <= READ_GAP:
+            runs[-1].append(offset)
+        else:
+            runs.append([offset])
+    return runs
+
+
 @contextlib.contextmanager
 def stop_on_signals(runtime: ConsumerRuntime) -> Iterator[None]:
     """While inside, SIGTERM and SIGINT ask ``runtime`` to stop after its current batch (main thread only)."""
@@ -441,11 +473,27 @@ class ConsumerRuntime:
         started = time.perf_counter()
         records = read_topic(self.bus, self.changelog, poll_timeout_s=self.config.poll_timeout_s,
                              idle_polls=self.config.restore_idle_polls)  # fmt: skip
-        keys = state.restore(records, owned)
+        keys = state.restore(records, owned, resolve=self._read_inputs)
+        if state.lost_keys:
+            self.log.error("state keys lost: the input records they reference are gone from the input topics "
+                           "(retention, or a recreated topic)", lost=len(state.lost_keys),
+                           examples=state.lost_keys[:5])  # fmt: skip
         self.processor.open(state)
         self.stats.restores += 1
         self.log.info("state restored", partitions=sorted(owned), keys=keys,
                       seconds=round(time.perf_counter() - started, 3))  # fmt: skip
+
+    def _read_inputs(self, refs: Iterable[InputRef]) -> dict[InputRef, bytes]:
+        """The ``Resolver`` of this runtime's state: referenced input records read back from the bus."""
+        wanted: dict[str, dict[int, list[int]]] = {}
+        for ref in refs:
+            wanted.setdefault(ref.topic, {}).setdefault(ref.partition, []).append(ref.offset)
+        found: dict[InputRef, bytes] = {}
+        for topic, offsets in wanted.items():
+            values = read_offsets(self.bus, self.physical(topic), offsets, poll_timeout_s=self.config.poll_timeout_s,
+                                  idle_polls=self.config.restore_idle_polls)  # fmt: skip
+            found.update({InputRef(topic, p, o): value for (p, o), value in values.items()})
+        return found
 
     def _commit(
         self,

@@ -12,7 +12,10 @@ Layout of the changelog (``<group>.changelog``, one partition per input partitio
   last writer; with one instance, the default, every partition is owned and this never matters);
 - a key first written by ``punctuate`` (no input record) lives in the partition its own hash picks, unless the
   processor names the partition (``at_partition``): a timer set for an input partition's state writes there;
-- record key: the state key (UTF-8); value: ``b"P"`` + the value, or empty for a delete.
+- record key: the state key (UTF-8); value: ``b"P"`` + the value, or empty for a delete, or (``put_input``) a
+  reference to the input record the value holds (``consumers.state_refs``): restore reads the record back from the
+  input topic, so a processor that keeps whole inputs does not write their bytes twice. A referenced record the
+  input topic no longer holds leaves its key out of the restored state (``lost_keys``, logged by the runtime).
 
 Changes are staged per batch (committed or dropped with the transaction) and, inside a batch, per input record,
 so a record whose processing fails leaves no partial state behind.
@@ -20,10 +23,12 @@ so a record whose processing fails leaves no partial state behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from consumers.processor import Input
+from consumers.state_refs import REF, InputRef, Resolver, StoredRef, decode_ref, encode_ref
 from orchard.bus.base import Record, partition_for_key
 
 PUT = b"P"
@@ -36,7 +41,7 @@ class ChangelogRecord:
 
     partition: int
     key: bytes
-    value: bytes  # PUT + value, or b"" for a delete
+    value: bytes  # PUT + value, REF + where the value's input record is, or b"" for a delete
 
 
 class ChangelogStateStore:
@@ -50,7 +55,9 @@ class ChangelogStateStore:
         self._home: dict[str, int] = {}  # changelog partition each committed key lives in
         self._batch: dict[str, bytes | None] = {}
         self._batch_home: dict[str, int] = {}
-        self._undo: list[tuple[str, object, object]] | None = None
+        self._batch_refs: dict[str, bytes] = {}  # changelog value of keys staged by ``put_input``
+        self._undo: list[tuple[str, object, object, object]] | None = None
+        self.lost_keys: list[str] = []  # keys the last restore could not read back (their input record is gone)
 
     # ------------------------------------------------------------------ StateStore
     def get(self, key: str) -> bytes | None:
@@ -62,6 +69,12 @@ class ChangelogStateStore:
     def put(self, key: str, value: bytes) -> None:
         """Stage ``value`` under ``key``."""
         self._stage(key, bytes(value))
+
+    def put_input(self, key: str, message: Input, prefix: bytes = b"") -> None:
+        """Stage ``prefix + message.value`` under ``key``; the changelog records where the input is, not its bytes
+        (restore reads it back from the input topic)."""
+        source = InputRef(message.topic, message.partition, message.offset)
+        self._stage(key, prefix + message.value, encode_ref(source, message.value, prefix))
 
     def delete(self, key: str) -> None:
         """Stage the removal of ``key``."""
@@ -105,11 +118,16 @@ class ChangelogStateStore:
         return sum(len(k) + len(v) for k, v in self._committed.items())
 
     # ------------------------------------------------------------------ staging
-    def _stage(self, key: str, value: bytes | None) -> None:
+    def _stage(self, key: str, value: bytes | None, ref: bytes | None = None) -> None:
         if self._undo is not None:
-            self._undo.append((key, self._batch.get(key, _ABSENT), self._batch_home.get(key, _ABSENT)))
+            old = (self._batch.get(key, _ABSENT), self._batch_home.get(key, _ABSENT), self._batch_refs.get(key))
+            self._undo.append((key, *old))
         self._batch[key] = value
         self._batch_home[key] = self._partition_for(key)
+        if ref is None:
+            self._batch_refs.pop(key, None)
+        else:
+            self._batch_refs[key] = ref
 
     def _partition_for(self, key: str) -> int:
         if self.current_partition is not None:
@@ -131,13 +149,17 @@ class ChangelogStateStore:
 
     def rollback_record(self) -> None:
         """Drop the changes of the current record (its processing failed)."""
-        for key, value, home in reversed(self._undo or []):
+        for key, value, home, ref in reversed(self._undo or []):
             if value is _ABSENT:
                 self._batch.pop(key, None)
                 self._batch_home.pop(key, None)
             else:
                 self._batch[key] = value  # type: ignore[assignment]
                 self._batch_home[key] = home  # type: ignore[assignment]
+            if ref is None:
+                self._batch_refs.pop(key, None)
+            else:
+                self._batch_refs[key] = ref  # type: ignore[assignment]
         self.current_partition, self._undo = None, None
 
     @property
@@ -156,7 +178,8 @@ class ChangelogStateStore:
                 continue
             if old is not None and old != new:
                 out.append(ChangelogRecord(old, raw, b""))
-            out.append(ChangelogRecord(new, raw, PUT + value))
+            ref = self._batch_refs.get(key)
+            out.append(ChangelogRecord(new, raw, ref if ref is not None else PUT + value))
         return out
 
     def commit(self) -> None:
@@ -172,24 +195,43 @@ class ChangelogStateStore:
 
     def rollback(self) -> None:
         """The batch's transaction did not commit: forget its changes."""
-        self._batch, self._batch_home, self._undo, self.current_partition = {}, {}, None, None
+        self._batch, self._batch_home, self._batch_refs, self._undo, self.current_partition = {}, {}, {}, None, None
 
     # ------------------------------------------------------------------ restore
-    def restore(self, records: Iterable[Record], owned: set[int] | None = None) -> int:
+    def restore(self, records: Iterable[Record], owned: set[int] | None = None, resolve: Resolver | None = None) -> int:
         """Rebuild the committed state from changelog ``records`` (each partition in order); only partitions in
-        ``owned`` (None: all) count. Returns the number of keys restored."""
-        per_partition: dict[int, dict[str, bytes | None]] = {}
+        ``owned`` (None: all) count. ``resolve`` reads back the input records that references point at (needed
+        only if the changelog holds references). Returns the number of keys restored; ``lost_keys`` lists those
+        whose input record could not be read back."""
+        per_partition: dict[int, dict[str, bytes]] = {}
         for record in records:
             if owned is not None and record.partition not in owned or record.key is None:
                 continue
-            final = per_partition.setdefault(record.partition, {})
-            key = record.key.decode()
-            final[key] = record.value[len(PUT) :] if record.value.startswith(PUT) else None
-        self._committed, self._home = {}, {}
+            per_partition.setdefault(record.partition, {})[record.key.decode()] = record.value
+        live: list[tuple[str, bytes | StoredRef, int]] = []  # in partition order, as restored before references
         for partition in sorted(per_partition):
             for key, value in per_partition[partition].items():
-                if value is not None:  # a key has a live value in one partition at most (moves delete the old)
-                    self._committed[key] = value
-                    self._home[key] = partition
+                # a key has a live value in one partition at most (moves delete the old)
+                if value.startswith(PUT):
+                    live.append((key, value[len(PUT) :], partition))
+                elif value.startswith(REF):
+                    live.append((key, decode_ref(value), partition))
+        found = _read_back([v.source for _, v, _ in live if isinstance(v, StoredRef)], resolve)
+        self._committed, self._home, self.lost_keys = {}, {}, []
+        for key, value, partition in live:
+            restored = value if isinstance(value, bytes) else value.value(found.get(value.source))
+            if restored is None:
+                self.lost_keys.append(key)
+            else:
+                self._committed[key], self._home[key] = restored, partition
         self.rollback()
         return len(self._committed)
+
+
+def _read_back(sources: list[InputRef], resolve: Resolver | None) -> Mapping[InputRef, bytes]:
+    """The input records at ``sources`` that ``resolve`` could still read."""
+    if not sources:
+        return {}
+    if resolve is None:
+        raise ValueError(f"the changelog holds {len(sources)} references to input records and no reader was given")
+    return resolve(set(sources))

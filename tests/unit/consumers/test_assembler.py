@@ -10,6 +10,7 @@ from consumers.assembler import TrajectoryAssembler
 from consumers.config import AssemblerConfig
 from consumers.runtime import DriverCore
 from consumers.state import ChangelogStateStore
+from consumers.state_refs import InputRef
 from consumers.synthetic import CapturedRecord, SyntheticEpisode, synthetic_episode
 from orchard.bus import Record
 from orchard.bus.base import partition_for_key
@@ -29,6 +30,7 @@ class Harness:
         self.state = ChangelogStateStore(PARTITIONS)
         self.changelog: list = []
         self.offsets = [0] * PARTITIONS
+        self.inputs: dict[InputRef, bytes] = {}  # what the input topics hold, for restores to read back
         self.out: list = []
         self.restart()
 
@@ -37,7 +39,7 @@ class Harness:
         self.processor = TrajectoryAssembler(self.config)
         self.state = ChangelogStateStore(PARTITIONS)
         records = [Record("c", c.partition, i, 0, c.key, c.value) for i, c in enumerate(self.changelog)]
-        self.state.restore(records)
+        self.state.restore(records, resolve=lambda refs: {r: self.inputs[r] for r in refs if r in self.inputs})
         self.driver = DriverCore(self.processor, self.state, group="assembler")
         self.processor.open(self.state)
 
@@ -46,6 +48,7 @@ class Harness:
             partition = partition_for_key(captured.key or b"", PARTITIONS)
             offset = self.offsets[partition]
             self.offsets[partition] += 1
+            self.inputs[InputRef(captured.topic, partition, offset)] = captured.value
             self.driver.handle(Record(captured.topic, partition, offset, at_ms, captured.key, captured.value))
             self._commit()
 
@@ -121,6 +124,17 @@ def test_state_survives_a_restart_between_any_two_records() -> None:
     assert sorted(got) == sorted(e.episode_id for e in episodes)
     for episode in episodes:
         assert_same(got[episode.episode_id], expected(episode))
+
+
+def test_the_changelog_references_the_calls_instead_of_copying_them() -> None:
+    episode = synthetic_episode("open", calls=5, seed=4, first_prompt_tokens=500)
+    harness = Harness()
+    harness.feed(episode.calls)  # no outcome: all five calls stay in the state
+    assert sorted(key for key, _ in harness.state.items()) == sorted(f"c/{i}/open" for i in range(5))
+    assert max(len(change.value) for change in harness.changelog) < 64 < min(len(c.value) for c in episode.calls)
+    harness.restart()
+    harness.feed([episode.outcome])
+    assert_same(harness.trajectories()["open"], expected(episode))
 
 
 def test_an_episode_without_outcome_times_out_incomplete_with_the_reason() -> None:
