@@ -102,31 +102,52 @@ def build_sequences(steps: Sequence[Step]) -> list[TokenSequence]:
 
 
 class _Builder:
-    """A sequence being built: the current full token list and the completion spans so far."""
+    """A sequence being built: the latest call's prompt and completion (the sequence is their concatenation, made
+    once in ``build``: concatenating at every call would copy the growing context again and again) and the
+    completion spans so far."""
 
     def __init__(self, conversation_id: int) -> None:
         self.conversation_id = conversation_id
-        self.tokens: TokenIds = np.zeros(0, dtype=np.int32)
+        self.prompt: TokenIds = np.zeros(0, dtype=np.int32)
+        self.completion: TokenIds = np.zeros(0, dtype=np.int32)
         self.logprob_parts: list[tuple[int, Floats]] = []
         self.spans: list[CallSpan] = []
 
     def extends(self, step: Step) -> bool:
         """Whether ``step``'s prompt begins with the whole sequence so far."""
-        n = len(self.tokens)
-        return len(step.prompt_token_ids) >= n and bool(np.array_equal(step.prompt_token_ids[:n], self.tokens))
+        prompt = np.asarray(step.prompt_token_ids)
+        start, end = len(self.prompt), len(self.prompt) + len(self.completion)
+        return (
+            len(prompt) >= end
+            and _starts_with(prompt, self.prompt)
+            and bool(np.array_equal(prompt[start:end], self.completion))
+        )
 
     def add(self, step: Step) -> None:
         start = len(step.prompt_token_ids)
-        completion = np.asarray(step.completion_token_ids, dtype=np.int32)
-        self.tokens = np.concatenate([np.asarray(step.prompt_token_ids, dtype=np.int32), completion])
+        self.prompt = np.asarray(step.prompt_token_ids, dtype=np.int32)
+        self.completion = np.asarray(step.completion_token_ids, dtype=np.int32)
         logprobs = np.asarray(step.completion_logprobs, dtype=np.float32)
-        if len(logprobs) == len(completion):  # a retokenized call may carry none
+        if len(logprobs) == len(self.completion):  # a retokenized call may carry none
             self.logprob_parts.append((start, logprobs))
-        span = CallSpan(step.call_index, start, start + len(completion), step.policy_version, step.retokenized)
+        span = CallSpan(step.call_index, start, start + len(self.completion), step.policy_version, step.retokenized)
         self.spans.append(span)
 
     def build(self) -> TokenSequence:
-        logprobs = np.zeros(len(self.tokens), dtype=np.float32)
+        tokens = np.concatenate([self.prompt, self.completion])
+        logprobs = np.zeros(len(tokens), dtype=np.float32)
         for start, part in self.logprob_parts:
             logprobs[start : start + len(part)] = part
-        return TokenSequence(self.conversation_id, self.tokens, logprobs, tuple(self.spans))
+        return TokenSequence(self.conversation_id, tokens, logprobs, tuple(self.spans))
+
+
+def _starts_with(array: npt.NDArray[Any], prefix: TokenIds) -> bool:
+    """Whether ``array`` begins with ``prefix``; without comparing when both are views of the same memory (the
+    prompts ``orchard.prefix_delta.PromptReconstructor`` rebuilds share one buffer per conversation)."""
+    if array.dtype == prefix.dtype and array.ctypes.data == prefix.ctypes.data and _contiguous(array, prefix):
+        return True
+    return bool(np.array_equal(array[: len(prefix)], prefix))
+
+
+def _contiguous(*arrays: npt.NDArray[Any]) -> bool:
+    return all(a.flags.c_contiguous for a in arrays)

@@ -151,6 +151,7 @@ class PromptReconstructor:
         self._messages: dict[int, list[Any]] = {}
         self._conversations: dict[int, list[Any]] = {}
         self._conversation_lengths: dict[int, int] = {}
+        self._chains: dict[int, _Chain] = {}  # the buffer each call's sequence is a view of
 
     def add(
         self,
@@ -165,8 +166,11 @@ class PromptReconstructor:
             raise PrefixDeltaError(f"call {call_index} was already added")
         prefix = self._prefix(call_index, base_call_index, prefix_length)
         new, completion = _tokens(new_token_ids), _tokens(completion_ids)
-        sequence = np.concatenate([prefix, new, completion])
-        sequence.flags.writeable = False
+        chain = self._chains.get(base_call_index) if base_call_index is not None else None
+        if chain is None or len(prefix) != chain.written:
+            chain = _Chain(prefix)
+        sequence = chain.extend(new, completion)
+        self._chains[call_index] = chain
         self._sequences[call_index] = sequence
         self._prompts[call_index] = sequence[: len(prefix) + len(new)]
         return self._prompts[call_index]
@@ -237,6 +241,40 @@ class PromptReconstructor:
                 f"{len(base_sequence)} tokens"
             )
         return base_sequence[:prefix_length]
+
+
+class _Chain:
+    """A growing token buffer that the sequences of a linear conversation are read-only views of.
+
+    Call ``k+1`` usually extends call ``k``'s whole sequence; copying that prefix for every call would make an
+    episode's reconstruction quadratic in its length. A call whose prefix ends exactly where the buffer's written
+    part ends appends after it instead (amortised doubling); the views handed out earlier end before what is
+    appended, so they never change. Any other call starts a chain of its own with a copy of its prefix."""
+
+    def __init__(self, prefix: TokenArray) -> None:
+        self._buffer = np.empty(max(2 * len(prefix), 1024), dtype=np.int32)
+        self._buffer[: len(prefix)] = prefix
+        self._used = len(prefix)
+
+    @property
+    def written(self) -> int:
+        """Tokens written so far. A prefix of a sequence of this chain that is this long is all of it, so what
+        follows the prefix can be appended in place."""
+        return self._used
+
+    def extend(self, *parts: TokenArray) -> TokenArray:
+        """Append ``parts``; the read-only view of everything written so far."""
+        end = self._used + sum(len(part) for part in parts)
+        if end > len(self._buffer):
+            grown = np.empty(max(2 * len(self._buffer), end), dtype=np.int32)
+            grown[: self._used] = self._buffer[: self._used]
+            self._buffer = grown
+        for part in parts:
+            self._buffer[self._used : self._used + len(part)] = part
+            self._used += len(part)
+        view = self._buffer[:end]
+        view.flags.writeable = False
+        return view
 
 
 def _tokens(ids: TokenInput) -> TokenArray:

@@ -197,6 +197,27 @@ def test_reconstructed_arrays_are_read_only() -> None:
     assert (prompt.flags.writeable, reconstructor.sequence(0).flags.writeable) == (False, False)
 
 
+def test_views_handed_out_never_change_as_conversations_grow_and_branch() -> None:
+    # A long conversation (its buffer grows several times), a retry of call 3 and a branch from the middle of call
+    # 5's sequence: every prompt and sequence returned stays what plain concatenation gives, to the end.
+    rng = np.random.default_rng(RNG_SEED)
+    reconstructor, expected, returned = PromptReconstructor(), {}, {}
+    adds = [(0, None, 0)] + [(i, i - 1, None) for i in range(1, 40)] + [(40, 3, None), (41, 5, 700), (42, 41, None)]
+    for index, base, prefix_length in adds:
+        new, completion = _tokens(rng, int(rng.integers(0, 400))), _tokens(rng, int(rng.integers(0, 60)))
+        if prefix_length is None and base is not None:
+            prefix_length = len(expected[base][1])  # the whole base sequence
+        prefix = expected[base][1][:prefix_length] if base is not None else np.empty(0, np.int32)
+        prompt = np.concatenate([prefix, new])
+        expected[index] = (prompt, np.concatenate([prompt, completion]))
+        returned[index] = (reconstructor.add(index, base, prefix_length or 0, new, completion),
+                           reconstructor.sequence(index))  # fmt: skip
+    for index, (prompt, sequence) in expected.items():
+        np.testing.assert_array_equal(returned[index][0], prompt)
+        np.testing.assert_array_equal(returned[index][1], sequence)
+        np.testing.assert_array_equal(reconstructor.prompt(index), prompt)
+
+
 def _episode_records(calls: int) -> tuple[list[bytes], list[list[dict[str, str]]], list[np.ndarray]]:
     """Encode a chat episode whose conversation grows by the reply and a tool result each call."""
 
