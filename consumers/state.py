@@ -73,8 +73,8 @@ class ChangelogStateStore:
     def put_input(self, key: str, message: Input, prefix: bytes = b"") -> None:
         """Stage ``prefix + message.value`` under ``key``; the changelog records where the input is, not its bytes
         (restore reads it back from the input topic)."""
-        source = InputRef(message.topic, message.partition, message.offset)
-        self._stage(key, prefix + message.value, encode_ref(source, message.value, prefix))
+        ref = encode_ref(message.topic, message.partition, message.offset, message.value, prefix)
+        self._stage(key, prefix + message.value, ref)
 
     def delete(self, key: str) -> None:
         """Stage the removal of ``key``."""

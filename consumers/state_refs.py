@@ -18,6 +18,7 @@ out of the restored state and reported, never replaced by anything else.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -57,11 +58,16 @@ Resolver = Callable[[Iterable[InputRef]], Mapping[InputRef, bytes]]
 """Reads input records back for a restore: the values of those of ``refs`` the input topics still hold."""
 
 
-def encode_ref(source: InputRef, record: bytes, prefix: bytes = b"") -> bytes:
-    """The changelog value of ``prefix + record`` where ``record`` is the input at ``source``."""
-    topic = source.topic.encode()
-    where = _WHERE.pack(source.partition, source.offset, len(record), zlib.crc32(record))
-    return b"".join((REF, _TOPIC_LENGTH.pack(len(topic)), topic, where, prefix))
+def encode_ref(topic: str, partition: int, offset: int, record: bytes, prefix: bytes = b"") -> bytes:
+    """The changelog value of ``prefix + record`` where ``record`` is the input at ``topic``, ``partition``,
+    ``offset`` (once per input record the assembler keeps: kept to a few small concatenations)."""
+    return _ref_head(topic) + _WHERE.pack(partition, offset, len(record), zlib.crc32(record)) + prefix
+
+
+@functools.cache
+def _ref_head(topic: str) -> bytes:
+    encoded = topic.encode()
+    return REF + _TOPIC_LENGTH.pack(len(encoded)) + encoded
 
 
 def decode_ref(value: bytes) -> StoredRef:
