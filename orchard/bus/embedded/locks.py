@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchard.bus.embedded.frames import write_pieces
+
 
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
@@ -35,12 +37,15 @@ def try_file_lock(path: Path, *, blocking: bool) -> Iterator[bool]:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, fsync: bool) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new content, never a mix."""
+def write_atomic(path: Path, data: bytes | list[bytes], *, fsync: bool) -> None:
+    """Replace ``path`` with ``data`` (or its pieces, in order) so that readers see the old or the new content,
+    never a mix."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_pieces(fd, [data] if isinstance(data, bytes) else data)
         if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)

@@ -40,6 +40,10 @@ class Journal:
 
     def encode(self) -> bytes:
         """Serialise as ``MAGIC | header length | JSON header | keys and values``."""
+        return b"".join(self.pieces())
+
+    def pieces(self) -> list[bytes]:
+        """``encode``'s bytes as pieces to write in order, the records' keys and values not copied."""
         rows, payload = [], []
         for tp, records in sorted(self.records.items()):
             for record in records:
@@ -56,7 +60,7 @@ class Journal:
             "records": rows,
         }
         head = json.dumps(header).encode()
-        return b"".join([MAGIC, LENGTH.pack(len(head)), head, *payload])  # one copy of the records, not three
+        return [MAGIC, LENGTH.pack(len(head)), head, *payload]
 
     @staticmethod
     def read_starts(path: Path) -> dict[TopicPartition, int]:
@@ -168,7 +172,7 @@ class TransactionCoordinator:
             journal = Journal(tag, group, offsets, tagged, starts)
             path = self.journal_path(transactional_id, tag)
             try:
-                write_atomic(path, journal.encode(), fsync=self._fsync)
+                write_atomic(path, journal.pieces(), fsync=self._fsync)  # written as is: no joined copy
             except OSError as exc:
                 path.unlink(missing_ok=True)
                 raise TransactionError(f"transaction {transactional_id!r} not committed: {exc}") from exc

@@ -11,6 +11,8 @@ from orchard.bus.embedded import EmbeddedBus
 from orchard.bus.embedded import log as log_module
 from orchard.bus.embedded import transactions as txn_module
 from orchard.bus.embedded.consumer import EmbeddedConsumer
+from orchard.bus.embedded.frames import PendingRecord
+from orchard.bus.embedded.locks import write_atomic
 from orchard.bus.exceptions import TransactionPendingError
 from orchard.config import EmbeddedBusConfig
 
@@ -158,3 +160,16 @@ def test_a_raising_delivery_callback_does_not_keep_other_records_from_being_writ
     with pytest.raises(RuntimeError, match="callback bug"):
         producer.flush()
     assert values(bus, "out") == [b"a", b"b"]
+
+
+def test_a_journal_written_in_pieces_decodes_to_the_same_transaction(tmp_path: Path) -> None:
+    tp, other = TopicPartition("t", 0), TopicPartition("u", 3)
+    records = {
+        tp: [PendingRecord(b"k", b"v" * 70_000, 5, 9), PendingRecord(None, b"", 6, 9)],
+        other: [PendingRecord(b"", b"x", 7, 9)],
+    }
+    journal = txn_module.Journal(9, "g", {tp: 2}, records, {tp: 0, other: 4})
+    path = tmp_path / "j.journal"
+    write_atomic(path, journal.pieces(), fsync=True)
+    assert path.read_bytes() == journal.encode()
+    assert txn_module.Journal.decode(path.read_bytes()) == journal
