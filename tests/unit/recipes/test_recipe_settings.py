@@ -36,7 +36,7 @@ SHIPPED: dict[str, tuple[Path, ModuleType, dict[str, Any]]] = {
         file_lookup_setup,
         {
             "lookup": LookupConfig(seed=0, train_tasks=1000, eval_tasks=500, files_per_task=3, keys_per_file=1,
-                                   max_steps=6),
+                                   max_steps=6, value_min=500),  # value_min: stop 28
             "expert": ExpertConfig(seed=0, imperfect_fraction=0.3),
             "episodes_per_task": 1,
         },
