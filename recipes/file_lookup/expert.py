@@ -17,7 +17,9 @@ kind                  tool calls                                            succ
 ====================  ====================================================  ========  ========  =====
 
 (``wrong_key`` needs two keys per file, the ``OTHER`` kinds two files; where a task lacks them the expert falls back
-to ``wrong_file`` or ``no_read``.) Which kind an episode gets is a pure function of the seed and the episode id.
+to ``wrong_file`` or ``no_read``.) In a two-hop task (``hops=2``) every kind that reads a file first runs ``cat
+index.txt``, one call more with the same grade (``wrong_file`` then reads a file other than the one the index
+named); ``no_read`` still reads nothing. Which kind an episode gets is a pure function of the seed and the episode id.
 
 The plans are served by Orchard's expert backend (``orchard.engines.expert.ExpertBackend``): one OpenAI-compatible
 ASGI app for many episodes, answering each request with the plan of the episode the recording proxy names in
@@ -48,7 +50,7 @@ from orchard.engines.expert import serve_expert
 from orchard.engines.scripted import ScriptedPlan, ScriptedStep, ScriptedToolCall
 from orchard.episode_groups import demo_episode_id
 from orchard.logging import get_logger
-from recipes.file_lookup.generate import ANSWER_FILE, VALUE_RANGE, LookupTask
+from recipes.file_lookup.generate import ANSWER_FILE, INDEX_FILE, VALUE_RANGE, LookupTask
 
 log = get_logger("recipes.file_lookup.expert")
 
@@ -140,6 +142,15 @@ def _feasible(task: LookupTask, kind: DemoKind) -> DemoKind:
 
 
 def _steps(task: LookupTask, kind: DemoKind, rng: random.Random) -> tuple[list[ScriptedStep], str | None]:
+    """The kind's tool calls; in a two-hop task, a kind that reads any file reads the index first."""
+    steps, answer = _lookup_steps(task, kind, rng)
+    if task.hops == 2 and kind is not DemoKind.NO_READ:  # the index read draws nothing: the rest is as with one hop
+        steps = [shell(f"cat {INDEX_FILE}"), *steps]
+    return steps, answer
+
+
+def _lookup_steps(task: LookupTask, kind: DemoKind, rng: random.Random) -> tuple[list[ScriptedStep], str | None]:
+    """The kind's tool calls once the agent knows the file's name (from the instruction or the index)."""
     others = sorted(name for name in task.files if name != task.file)
     read = shell(f"cat {task.file}")
     if kind is DemoKind.PERFECT:

@@ -10,18 +10,26 @@ An agent solves it in three model calls with the built-in harness: ``shell`` ``c
 the instruction, copy a value from a tool result, stop), yet every call goes through the real sandbox, proxy and
 grader. ``grade.py`` (shipped at the top of each task's ``hidden/``) documents the reward and signals.
 
+The two-hop variant (``hops=2``) adds a pointer file, ``index.txt`` (``file: owl.txt``), and the instruction names
+it instead of the file::
+
+    Write the value of y in the file named in index.txt to answer.txt.
+
+so the file name to copy comes from a tool result too: ``cat index.txt``, ``cat owl.txt``, ``echo 417 > answer.txt``,
+``submit``.
+
 Layout written by ``generate``::
 
     OUT/manifest.json                  the config, and each split's task ids
     OUT/train/<task_id>/task.yaml      one task directory each (``orchard.env.tasks.load_task`` reads it)
-                       /workspace/*.txt
+                       /workspace/*.txt                   (with ``hops=2`` also index.txt)
                        /hidden/grade.py, reference.txt    the grader (run from outside the working copy)
     OUT/eval/<task_id>/...             the held-out split: no task shares its instruction and files with a train task
 
 The same config always writes byte-identical trees. The eval split is drawn from its own random stream, so it does
 not change when the number of train tasks does.
 
-Run: ``python -m recipes.file_lookup.generate OUT [--seed 0] [--train-tasks 1000] [--eval-tasks 256]``.
+Run: ``python -m recipes.file_lookup.generate OUT [--seed 0] [--train-tasks 1000] [--eval-tasks 256] [--hops 1]``.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ KEYS = ("x", "y", "z", "w")
 VALUE_RANGE = (100, 999)
 """Values are three-digit numbers: a guess almost never hits a workspace value, so a copied value is evidence."""
 ANSWER_FILE = "answer.txt"
+INDEX_FILE = "index.txt"
+"""The two-hop task's pointer file: one ``file: <name>`` line naming the file the instruction means."""
 GRADE_SCRIPT = Path(__file__).resolve().parent / "grade.py"
 GRADE_COMMAND = 'python3 -I -S "$ORCHARD_GRADER_DIR/grade.py"'
 """The Env places ``hidden/`` in ``$ORCHARD_GRADER_DIR``; ``-I`` keeps the working copy off the grader's path;
@@ -70,7 +80,9 @@ class LookupConfig(BaseModel):
     eval_tasks: int = Field(256, ge=1, description="Tasks in the held-out eval split.")
     files_per_task: int = Field(3, ge=1, le=len(FILE_NAMES), description="Files in each workspace.")
     keys_per_file: int = Field(2, ge=1, le=len(KEYS), description="key: value lines in each file.")
-    max_steps: int = Field(6, ge=2, description="Model calls the harness may make (the expert needs 2 to 4).")
+    max_steps: int = Field(
+        6, ge=2, description="Model calls the harness may make (the expert needs 2 to 4, with hops=2 up to 5)."
+    )
     value_min: int = Field(
         VALUE_RANGE[0],
         ge=VALUE_RANGE[0],
@@ -81,6 +93,13 @@ class LookupConfig(BaseModel):
     value_max: int = Field(VALUE_RANGE[1], ge=VALUE_RANGE[0], le=VALUE_RANGE[1], description="Largest workspace value.")
     harness_timeout_s: float = Field(120.0, gt=0, description="Wall-clock limit of the harness.")
     grade_timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of the grader.")
+    hops: int = Field(
+        1,
+        ge=1,
+        le=2,
+        description="1: the instruction names the file. 2: it names index.txt, a workspace file naming the file "
+        "(the agent reads index.txt, then the file it names).",
+    )
 
     @model_validator(mode="after")
     def _enough_values(self) -> LookupConfig:
@@ -93,14 +112,27 @@ class LookupConfig(BaseModel):
         return self
 
 
+ADDED_FIELDS = ("hops",)
+"""``LookupConfig`` fields added after splits had been written: left out of a manifest while at their default, so
+the manifests of existing splits (and ``setup``'s check of a run directory against them) stay as they were."""
+
+
+def config_record(config: LookupConfig) -> dict[str, Any]:
+    """``config`` as manifests record it: every field, but an ``ADDED_FIELDS`` one only when it is not its default."""
+    defaults = {name for name in ADDED_FIELDS if getattr(config, name) == LookupConfig.model_fields[name].default}
+    return config.model_dump(exclude=defaults)
+
+
 @dataclass(frozen=True)
 class LookupTask:
-    """One task: its workspace files (stem.txt -> key -> value) and which file and key the answer is."""
+    """One task: its value files (stem.txt -> key -> value), which file and key the answer is, and how many hops
+    (2: the instruction names ``index.txt``, whose one line names the file)."""
 
     task_id: str
     files: dict[str, dict[str, str]]
     file: str
     key: str
+    hops: int = 1
 
     @property
     def answer(self) -> str:
@@ -110,10 +142,18 @@ class LookupTask:
     @property
     def instruction(self) -> str:
         """The task text the harness is given."""
-        return f"Write the value of {self.key} in {self.file} to {ANSWER_FILE}."
+        where = self.file if self.hops == 1 else f"the file named in {INDEX_FILE}"
+        return f"Write the value of {self.key} in {where} to {ANSWER_FILE}."
+
+    @property
+    def workspace_names(self) -> list[str]:
+        """The workspace's file names, sorted: the value files, and ``index.txt`` in a two-hop task."""
+        return sorted([*self.files, INDEX_FILE] if self.hops == 2 else self.files)
 
     def file_text(self, name: str) -> str:
         """The content of workspace file ``name``."""
+        if self.hops == 2 and name == INDEX_FILE:
+            return f"file: {self.file}\n"  # the value files' "key: value" shape, so it reads (and tokenizes) alike
         # "key: value", not "key=value": the tiny tokenizer then splits " 417" in the file exactly as in
         # "echo 417 > answer.txt" (a space-prefixed first digit), so copying the value is copying tokens.
         return "".join(f"{key}: {value}\n" for key, value in self.files[name].items())
@@ -121,23 +161,30 @@ class LookupTask:
     @property
     def fingerprint(self) -> str:
         """What makes two tasks the same task (id aside): instruction and workspace content."""
-        body = json.dumps([self.instruction, self.files], sort_keys=True)
+        # a two-hop instruction does not name the file, so the index's target is added (one-hop bodies unchanged)
+        body = json.dumps([self.instruction, self.files, *([self.file] if self.hops == 2 else [])], sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def reference(self) -> dict[str, Any]:
-        """The grader's reference (written as ``reference.txt``, ``grade.format_reference``)."""
-        return {"file": self.file, "key": self.key, "answer": self.answer, "files": self.files}
+        """The grader's reference (written as ``reference.txt``, ``grade.format_reference``); ``hops`` only when 2,
+        so one-hop references stay as they were."""
+        hops = {"hops": str(self.hops)} if self.hops == 2 else {}
+        return {"file": self.file, "key": self.key, "answer": self.answer, **hops, "files": self.files}
 
     @classmethod
     def from_directory(cls, directory: Path) -> LookupTask:
         """Read a task back from its directory (its id from ``task.yaml``, the rest from the hidden reference)."""
         spec = yaml.safe_load((directory / "task.yaml").read_text())
         reference = parse_reference((directory / "hidden" / REFERENCE_FILE).read_text())
-        return cls(spec["task_id"], reference["files"], str(reference["file"]), str(reference["key"]))
+        file, key, hops = str(reference["file"]), str(reference["key"]), int(str(reference.get("hops", 1)))
+        return cls(spec["task_id"], reference["files"], file, key, hops)
 
 
 def sample_task(rng: random.Random, config: LookupConfig, task_id: str) -> LookupTask:
-    """A random task: ``files_per_task`` files of ``keys_per_file`` lines, values unique within the task."""
+    """A random task: ``files_per_task`` files of ``keys_per_file`` lines, values unique within the task.
+
+    The draws are the same for every ``hops``: a two-hop task is its one-hop task with the file named by the index
+    (the index's content follows from the file, so it draws nothing)."""
     stems = rng.sample(FILE_NAMES, config.files_per_task)
     values = iter(
         rng.sample(range(config.value_min, config.value_max + 1), config.files_per_task * config.keys_per_file)
@@ -147,7 +194,7 @@ def sample_task(rng: random.Random, config: LookupConfig, task_id: str) -> Looku
         for stem in stems
     }
     file = rng.choice(sorted(files))
-    return LookupTask(task_id, files, file, rng.choice(sorted(files[file])))
+    return LookupTask(task_id, files, file, rng.choice(sorted(files[file])), config.hops)
 
 
 def generate_tasks(config: LookupConfig) -> dict[Split, list[LookupTask]]:
@@ -183,7 +230,7 @@ def task_yaml(task: LookupTask, config: LookupConfig) -> str:
 def write_task(task: LookupTask, config: LookupConfig, directory: Path) -> Path:
     """Write one task directory; returns it."""
     (directory / "workspace").mkdir(parents=True)
-    for name in sorted(task.files):
+    for name in task.workspace_names:
         (directory / "workspace" / name).write_text(task.file_text(name))
     hidden = directory / "hidden"
     hidden.mkdir(parents=True)
@@ -205,7 +252,7 @@ def generate(config: LookupConfig, out: Path, *, overwrite: bool = False) -> dic
             write_task(task, config, out / split / task.task_id)
     manifest = {
         "recipe": "file_lookup",
-        "config": config.model_dump(),
+        "config": config_record(config),
         "splits": {split: [task.task_id for task in tasks] for split, tasks in splits.items()},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

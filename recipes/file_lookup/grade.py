@@ -11,7 +11,8 @@ Signals (all 0 or 1, except ``progress``):
 ==================  ==========================================================================================
 ``answer_written``  ``answer.txt`` exists and is not blank
 ``answer_format``   its stripped content is one value, written as the values are (three digits)
-``right_file``      it holds exactly one number, a value of the file the task named: the right file was read
+``right_file``      it holds exactly one number, a value of the file the task named (in a two-hop task the
+                    file ``index.txt`` names): the right file was read
                     (an answer listing many numbers earns nothing for them; values are unique
                     within a task, so a copied value says which file it came from)
 ``answer_correct``  its stripped content is the reference value (the exit status says the same)
@@ -21,10 +22,14 @@ Signals (all 0 or 1, except ``progress``):
 So a value copied from the right file but for the wrong key earns 0.5, a well-formed value from another file (or a
 guess) 0.2, a right value wrapped in extra text (``y=417``) 0.3, no answer 0.
 
+A two-hop task grades the same: the reference names the file, so nothing the agent does to the working copy's
+``index.txt`` moves the target, and ``index.txt`` (``file: owl.txt``, no digits) is no value file.
+
 Every episode pays for this process, so it imports nothing beyond what the interpreter loads to start (``-S``: not
 even ``site``): ``json`` alone (with the ``re`` and ``enum`` it pulls in) costs twice a bare start. Hence the
-reference is the line format ``reference.txt`` (``file``, ``key`` and ``answer`` lines, then one ``value <file>
-<key> <value>`` line per value; names and values hold no whitespace) and the signals are written as JSON by hand.
+reference is the line format ``reference.txt`` (``file``, ``key`` and ``answer`` lines, a ``hops 2`` line in a two-hop
+task (none: one hop), then one ``value <file> <key> <value>`` line per value; names and values hold no whitespace)
+and the signals are written as JSON by hand.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ VALUE_DIGITS = 3
 
 
 def parse_reference(text: str) -> dict[str, object]:
-    """``reference.txt`` as ``{"file", "key", "answer", "files": {file: {key: value}}}``.
+    """``reference.txt`` as ``{"file", "key", "answer", "files": {file: {key: value}}}``, with ``"hops"`` when the
+    file has that line (references written before two-hop tasks have none: one hop).
 
     >>> parse_reference("file owl.txt\\nkey y\\nanswer 417\\nvalue owl.txt x 233\\nvalue owl.txt y 417\\n")["files"]
     {'owl.txt': {'x': '233', 'y': '417'}}
@@ -52,7 +58,7 @@ def parse_reference(text: str) -> dict[str, object]:
     files: dict[str, dict[str, str]] = {}
     for line in text.splitlines():
         words = line.split()
-        if len(words) == 2 and words[0] in ("file", "key", "answer"):
+        if len(words) == 2 and words[0] in ("file", "key", "answer", "hops"):
             reference[words[0]] = words[1]
         elif len(words) == 4 and words[0] == "value":
             files.setdefault(words[1], {})[words[2]] = words[3]
@@ -70,6 +76,7 @@ def format_reference(reference: dict[str, object]) -> str:
     files = reference["files"]
     assert isinstance(files, dict)  # noqa: S101 - a programming error, not input
     rows = [[name, str(reference[name])] for name in ("file", "key", "answer")]
+    rows += [["hops", str(reference["hops"])]] if "hops" in reference else []  # one hop: no line, as before
     rows += [["value", name, key, value] for name in sorted(files) for key, value in sorted(files[name].items())]
     for row in rows:
         if any(len(word.split()) != 1 for word in row):

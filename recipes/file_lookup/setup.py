@@ -2,9 +2,9 @@
 
 ``python -m recipes.file_lookup.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [--train-tasks 1000] [--eval-tasks 256]
 [--seed 0] [--episodes-per-task 1] [--imperfect-fraction 0.3] [--expert-seed 0] [--files-per-task 3]
-[--keys-per-file 2] [--max-steps 6]`` writes ``RUN_DIR/tasks/{train,eval}/`` and ``RUN_DIR/tasks/manifest.json``
-(``generate``) and ``RUN_DIR/demos/plans/*.yaml`` + ``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the
-train split).
+[--keys-per-file 2] [--max-steps 6] [--hops 1]`` writes ``RUN_DIR/tasks/{train,eval}/`` and
+``RUN_DIR/tasks/manifest.json`` (``generate``) and ``RUN_DIR/demos/plans/*.yaml`` +
+``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the train split).
 
 With ``--recipe`` the options' defaults are the recipe's ``tasks:`` (every ``LookupConfig`` field by name) and
 ``expert:`` blocks (``seed``, ``episodes_per_task``, ``imperfect_fraction``), ``recipes.recipe_settings``: the recipe's
@@ -25,7 +25,7 @@ from typing import Any
 
 from orchard.logging import get_logger
 from recipes.file_lookup.expert import Expert, ExpertConfig, write_demonstrations
-from recipes.file_lookup.generate import LookupConfig, generate
+from recipes.file_lookup.generate import LookupConfig, config_record, generate
 from recipes.model_options import add_model_options, model_from_options
 from recipes.recipe_settings import Block, add_recipe_option, parse_with_recipe
 
@@ -56,7 +56,7 @@ def setup(run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_pe
     manifest = tasks / "manifest.json"
     if manifest.is_file():
         written = json.loads(manifest.read_text())["config"]
-        if written != lookup.model_dump():
+        if written != config_record(lookup):
             raise ValueError(f"{manifest} was generated with other options ({written}); use another run directory")
         log.info("tasks already generated, kept", tasks=str(tasks))
     else:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchard.logging import get_logger
-from recipes.file_lookup.generate import LookupConfig, generate_tasks, write_task
+from recipes.file_lookup.generate import LookupConfig, config_record, generate_tasks, write_task
 from recipes.file_lookup.setup import RECIPE_BLOCKS
 from recipes.model_options import add_model_options, model_from_options
 from recipes.recipe_settings import add_recipe_option, parse_with_recipe
@@ -33,7 +33,7 @@ MANIFEST = "manifest.json"
 
 def write_validation(config: LookupConfig, out: Path, tasks: int) -> list[str]:
     """Write the ``tasks`` train-distribution tasks after ``config``'s train split to ``out``; their task ids."""
-    wanted = {"config": config.model_dump(), "tasks": tasks}
+    wanted = {"config": config_record(config), "tasks": tasks}
     manifest = out / MANIFEST
     if manifest.is_file():
         written = json.loads(manifest.read_text())

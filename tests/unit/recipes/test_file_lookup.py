@@ -95,6 +95,31 @@ def test_values_stay_in_the_configured_range_and_the_default_range_keeps_the_old
     }  # fmt: skip
 
 
+def test_the_default_config_draws_writes_and_fingerprints_its_first_eval_task_as_before_two_hop_tasks(
+    tmp_path: Path,
+) -> None:
+    # pinned from the generator before ``hops`` existed: one-hop tasks (and the grader's reference) must not move
+    task = generate_tasks(LookupConfig(train_tasks=1, eval_tasks=1))["eval"][0]
+    files = {
+        "owl.txt": {"y": "246", "z": "225"},
+        "hen.txt": {"x": "295", "z": "885"},
+        "cow.txt": {"x": "622", "z": "406"},
+    }
+    assert task == LookupTask("file-lookup-eval-00000", files, file="hen.txt", key="x", hops=1)
+    assert (task.instruction, task.fingerprint) == (
+        "Write the value of x in hen.txt to answer.txt.",
+        "b3288fe209b6b532",
+    )
+    write_task(task, LookupConfig(), tmp_path / "task")
+    assert tree(tmp_path / "task" / "workspace") == {
+        "cow.txt": b"x: 622\nz: 406\n", "hen.txt": b"x: 295\nz: 885\n", "owl.txt": b"y: 246\nz: 225\n"
+    }  # fmt: skip
+    assert (tmp_path / "task" / "hidden" / "reference.txt").read_text() == (
+        "file hen.txt\nkey x\nanswer 295\nvalue cow.txt x 622\nvalue cow.txt z 406\nvalue hen.txt x 295\n"
+        "value hen.txt z 885\nvalue owl.txt y 246\nvalue owl.txt z 225\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("update", "field"),
     [({"value_min": 99}, "value_min"), ({"value_max": 1000}, "value_max"), ({"value_min": 600, "value_max": 500},

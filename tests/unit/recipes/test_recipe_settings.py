@@ -131,6 +131,13 @@ def test_an_option_on_the_command_line_wins_over_the_recipe_and_what_neither_giv
     }
 
 
+def test_the_recipes_hops_key_reaches_the_file_lookup_setup_and_the_hops_option_still_wins(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, tasks={"train_tasks": 4, "eval_tasks": 2, "hops": 2})
+    run = str(tmp_path / "run")
+    assert file_lookup_setup.setup_arguments([run, "--recipe", str(recipe)])["lookup"].hops == 2
+    assert file_lookup_setup.setup_arguments([run, "--recipe", str(recipe), "--hops", "1"])["lookup"].hops == 1
+
+
 @pytest.mark.parametrize(("module", "blocks", "key"), UNKNOWN_KEYS, ids=lambda v: getattr(v, "__name__", None))
 def test_an_unknown_key_is_refused_naming_the_key_and_the_file(
     module: ModuleType, blocks: dict[str, Any], key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
