@@ -8,6 +8,7 @@ first request names the file and key, and the tool results in later requests sho
 rule                weight  when
 ==================  ======  ==========================================================================
 ``read_target``     +0.5    the call ``cat``\\ s the named file for the first time
+``read_index``      +0.4    in a two-hop task, it ``cat``\\ s ``index.txt`` for the first time
 ``read_other``      -0.1    the call reads another workspace file (a detour)
 ``write_observed``  +0.5    it writes ``answer.txt`` with the key's value as the named file printed it
 ``write_wrong``     -0.25   it writes a value that file did not print for the key (another line, a guess)
@@ -15,6 +16,12 @@ rule                weight  when
 ``submit_early``    -0.5    ``submit`` before anything was written to ``answer.txt``
 ``no_op``           -0.25   no tool call at all, or one the harness rejected
 ==================  ======  ==========================================================================
+
+In a two-hop task (``Write the value of y in the file named in index.txt to answer.txt.``) the named file is the one
+the episode's first ``cat index.txt`` printed (``file: owl.txt``), wherever that read falls: reading the file before
+the index is a ``read_target`` too, so guessing a file first never pays more than reading the index first. A command
+that touches ``index.txt`` otherwise before that read (it may rewrite it), or no read of it at all, leaves the file
+unknown: every file read is then ``read_other`` and every write ``write_wrong``.
 
 A call's score is the sum of its rules (``details["rules"]`` lists them). Run it as its own consumer group and give
 its scores a weight in the RL sample builder::
@@ -28,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,10 +44,15 @@ from orchard.trajectory import Step, Trajectory
 from recipes.file_lookup.generate import ANSWER_FILE
 
 INSTRUCTION = re.compile(r"Write the value of (?P<key>\S+) in (?P<file>\S+) to answer\.txt\.")
+INDEXED_INSTRUCTION = re.compile(
+    r"Write the value of (?P<key>\S+) in the file named in (?P<index>\S+) to answer\.txt\."
+)
+INDEX_LINE = re.compile(r"^\s*file\s*[:=]\s*(?P<file>\S+)\s*$", re.MULTILINE)
 WRITE = re.compile(r"^\s*(?:echo|printf)\s+(?P<value>.*?)\s*>\s*" + re.escape(ANSWER_FILE) + r"\s*$")
 KEY_VALUE = re.compile(r"^\s*(\w+)\s*[:=]\s*(\S+)\s*$")
 RULE_WEIGHTS: Mapping[str, float] = {
     "read_target": 0.5,
+    "read_index": 0.4,  # a step towards the target, a little less than reading it: the two-hop path's reads total 0.9
     "read_other": -0.1,
     "write_observed": 0.5,
     "write_wrong": -0.25,
@@ -52,13 +64,16 @@ RULE_WEIGHTS: Mapping[str, float] = {
 
 @dataclass
 class _Episode:
-    """What the calls so far did: the instruction, each file's printed ``key -> value``, commands, writes."""
+    """What the calls so far did: the instruction (and a two-hop task's index and the file it named), each file's
+    printed ``key -> value``, commands, writes."""
 
     key: str | None
     file: str | None
+    index: str | None = None
     printed: dict[str, dict[str, str]] = field(default_factory=dict)
     commands: set[str] = field(default_factory=set)
     read_target: bool = False
+    read_index: bool = False
     wrote: bool = False
 
 
@@ -75,10 +90,14 @@ class FileLookupSteps(RewardPlugin):
         self.weights = {**RULE_WEIGHTS, **(weights or {})}
 
     def score_episode(self, trajectory: Trajectory) -> list[Score]:
-        """Every call, in call order (a call's rules depend on what the calls before it printed)."""
+        """Every call, in call order (a call's rules depend on what the calls before it printed, and in a two-hop
+        task on the file the index printed)."""
         steps = sorted(trajectory.steps, key=lambda step: step.call_index)
-        episode = _Episode(*_instruction(steps))
         results = _tool_results(steps)
+        key, file, index = _instruction(steps)
+        if index is not None:
+            file = _indexed_file(steps, results, index)
+        episode = _Episode(key, file, index)
         scores = []
         for step in steps:
             rules = self._step_rules(step, episode, results)
@@ -122,21 +141,49 @@ class FileLookupSteps(RewardPlugin):
             return []
         if result is not None:
             episode.printed[read] = _key_values(result)
+        if read == episode.index:
+            first, episode.read_index = not episode.read_index, True
+            return ["read_index"] if first else []
         if read != episode.file:
             return ["read_other"]
         first, episode.read_target = not episode.read_target, True
         return ["read_target"] if first else []
 
 
-def _instruction(steps: Sequence[Step]) -> tuple[str | None, str | None]:
-    """(key, file) named by the first user message, or (None, None)."""
+def _instruction(steps: Sequence[Step]) -> tuple[str | None, str | None, str | None]:
+    """(key, file, None) named by the first user message, (key, None, index) in a two-hop task, or all None."""
     for step in steps[:1]:
         for message in step.request_messages:
             if isinstance(message, Mapping) and message.get("role") == "user":
-                found = INSTRUCTION.search(_text(message.get("content")))
-                if found:
-                    return found.group("key"), found.group("file")
-    return None, None
+                text = _text(message.get("content"))
+                if found := INSTRUCTION.search(text):
+                    return found.group("key"), found.group("file"), None
+                if found := INDEXED_INSTRUCTION.search(text):
+                    return found.group("key"), None, found.group("index")
+    return None, None, None
+
+
+def _indexed_file(steps: Sequence[Step], results: Mapping[str, str], index: str) -> str | None:
+    """The file the first ``cat`` of ``index`` printed; None when none did, or another command touched it first."""
+    for step in steps:
+        for call_id, command in _shell_commands(step):
+            if index not in command:
+                continue
+            if _cat_target(command) != index:
+                return None  # e.g. "echo file: cow.txt > index.txt": what it prints next is the agent's own
+            if found := INDEX_LINE.search(results.get(call_id, "")):
+                return found.group("file").removeprefix("./")
+    return None
+
+
+def _shell_commands(step: Step) -> Iterator[tuple[str, str]]:
+    """(tool call id, command) of each ``shell`` call of the step."""
+    for call in step.response_tool_calls:
+        if isinstance(call, Mapping):
+            function = call.get("function") or {}
+            command = _arguments(function.get("arguments")).get("command")
+            if function.get("name") == "shell" and isinstance(command, str):
+                yield str(call.get("id", "")), command
 
 
 def _tool_results(steps: Sequence[Step]) -> dict[str, str]:

@@ -17,6 +17,8 @@ TASK = {"role": "user", "content": "Write the value of x in hen.txt to answer.tx
 HEN = {"exit_code": 0, "output": "z: 885\nx: 295\n"}
 COW = {"exit_code": 0, "output": "x: 622\ny: 406\n"}
 QUIET = {"exit_code": 0, "output": ""}
+TWO_HOP = {"role": "user", "content": "Write the value of x in the file named in index.txt to answer.txt."}
+INDEX = {"exit_code": 0, "output": "file: hen.txt\n"}
 SUBMITTED = {"status": "submitted"}
 
 
@@ -28,9 +30,11 @@ def submit() -> dict[str, Any]:
     return {"name": "submit", "arguments": json.dumps({"summary": "done"})}
 
 
-def trajectory(turns: list[tuple[dict[str, Any] | str, dict[str, Any] | None]]) -> Trajectory:
+def trajectory(
+    turns: list[tuple[dict[str, Any] | str, dict[str, Any] | None]], task: dict[str, Any] = TASK
+) -> Trajectory:
     """Built-in-agent style: each turn is one tool call (or reply text) and the tool's JSON result."""
-    messages: list[Any] = [SYSTEM, TASK]
+    messages: list[Any] = [SYSTEM, task]
     steps = []
     for index, (action, result) in enumerate(turns):
         calls = [{"id": f"call_{index}", "type": "function", "function": action}] if isinstance(action, dict) else []
@@ -49,9 +53,11 @@ def trajectory(turns: list[tuple[dict[str, Any] | str, dict[str, Any] | None]]) 
     return Trajectory(run_id="r", episode_id="e", task_id="t", group_id="g", steps=tuple(steps))
 
 
-def scored(turns: list[Any], plugin: FileLookupSteps | None = None) -> list[tuple[float, list[str]]]:
+def scored(
+    turns: list[Any], plugin: FileLookupSteps | None = None, task: dict[str, Any] = TASK
+) -> list[tuple[float, list[str]]]:
     plugin = plugin or FileLookupSteps()
-    return [(score.score, list(score.details["rules"])) for score in plugin.score_episode(trajectory(turns))]
+    return [(score.score, list(score.details["rules"])) for score in plugin.score_episode(trajectory(turns, task))]
 
 
 def test_the_expert_path_earns_a_read_and_an_observed_write() -> None:
@@ -99,3 +105,47 @@ def test_weights_can_be_overridden_per_rule_and_unknown_rules_are_refused() -> N
 def test_the_plug_in_loads_by_module_path_as_orchard_consumer_run_does() -> None:
     plugin = load_reward("recipes.file_lookup.step_reward:FileLookupSteps")
     assert plugin.scorer_name == "file_lookup_steps"
+
+
+# ---------------------------------------------------------------------------------------------------- two hops
+def test_the_two_hop_expert_path_earns_an_index_read_a_read_and_an_observed_write() -> None:
+    turns = [
+        (shell("cat index.txt"), INDEX),
+        (shell("cat hen.txt"), HEN),
+        (shell("echo 295 > answer.txt"), QUIET),
+        (submit(), SUBMITTED),
+    ]
+    assert scored(turns, task=TWO_HOP) == [(0.4, ["read_index"]), (0.5, ["read_target"]), (0.5, ["write_observed"]),
+                                           (0.0, [])]  # fmt: skip
+
+
+def test_reading_the_named_file_before_the_index_is_a_target_read_and_guessing_first_never_pays_more() -> None:
+    lucky = [(shell("cat hen.txt"), HEN), (shell("cat index.txt"), INDEX), (shell("echo 295 > answer.txt"), QUIET)]
+    assert scored(lucky, task=TWO_HOP) == [(0.5, ["read_target"]), (0.4, ["read_index"]), (0.5, ["write_observed"])]
+    unlucky = [
+        (shell("cat cow.txt"), COW),
+        *[(shell(c), r) for c, r in (("cat index.txt", INDEX), ("cat hen.txt", HEN))],
+    ]
+    assert scored(unlucky, task=TWO_HOP) == [(-0.1, ["read_other"]), (0.4, ["read_index"]), (0.5, ["read_target"])]
+
+
+def test_without_reading_the_index_every_read_is_a_detour_and_every_write_a_guess() -> None:
+    turns = [(shell("cat hen.txt"), HEN), (shell("echo 295 > answer.txt"), QUIET), (submit(), SUBMITTED)]
+    assert scored(turns, task=TWO_HOP) == [(-0.1, ["read_other"]), (-0.25, ["write_wrong"]), (0.0, [])]
+
+
+def test_rewriting_the_index_before_reading_it_leaves_the_named_file_unknown() -> None:
+    """What a rewritten index prints is the agent's own word: following it earns no read and no observed write."""
+    turns = [
+        (shell("echo file: cow.txt > index.txt"), QUIET),
+        (shell("cat index.txt"), {"exit_code": 0, "output": "file: cow.txt\n"}),
+        (shell("cat cow.txt"), COW),
+        (shell("echo 622 > answer.txt"), QUIET),
+    ]
+    assert scored(turns, task=TWO_HOP) == [(0.0, []), (0.4, ["read_index"]), (-0.1, ["read_other"]),
+                                           (-0.25, ["write_wrong"])]  # fmt: skip
+
+
+def test_in_a_one_hop_task_reading_an_index_is_a_detour() -> None:
+    turns = [(shell("cat index.txt"), {"exit_code": 1, "output": "cat: index.txt: No such file or directory"})]
+    assert scored(turns) == [(-0.1, ["read_other"])]
