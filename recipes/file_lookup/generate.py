@@ -112,7 +112,7 @@ class LookupConfig(BaseModel):
         return self
 
 
-ADDED_FIELDS = ("hops",)
+ADDED_FIELDS = ("value_min", "value_max", "hops")
 """``LookupConfig`` fields added after splits had been written: left out of a manifest while at their default, so
 the manifests of existing splits (and ``setup``'s check of a run directory against them) stay as they were."""
 

@@ -163,16 +163,24 @@ def _instruction(steps: Sequence[Step]) -> tuple[str | None, str | None, str | N
     return None, None, None
 
 
+PLAIN_LISTINGS = frozenset({"ls", "ls -l", "ls -la", "ls -a", "ls ."})
+"""Commands before the index read that change nothing (a ``cat FILE`` of any file is the other kind)."""
+
+
 def _indexed_file(steps: Sequence[Step], results: Mapping[str, str], index: str) -> str | None:
-    """The file the first ``cat`` of ``index`` printed; None when none did, or another command touched it first."""
+    """The file the first ``cat`` of ``index`` printed; None when none did, or when any command but a plain
+    ``cat FILE`` or ``ls`` came before it.
+
+    An allowlist, not a search for the index's name: ``echo file: cow.txt > inde?.txt``, ``mv`` or ``sed -i *.txt``
+    rewrite the index without naming it, and what it prints after that is the agent's own word."""
     for step in steps:
         for call_id, command in _shell_commands(step):
-            if index not in command:
-                continue
-            if _cat_target(command) != index:
-                return None  # e.g. "echo file: cow.txt > index.txt": what it prints next is the agent's own
-            if found := INDEX_LINE.search(results.get(call_id, "")):
-                return found.group("file").removeprefix("./")
+            target = _cat_target(command)
+            if target == index:
+                found = INDEX_LINE.search(results.get(call_id, ""))
+                return found.group("file").removeprefix("./") if found else None
+            if target is None and command.strip() not in PLAIN_LISTINGS:
+                return None
     return None
 
 

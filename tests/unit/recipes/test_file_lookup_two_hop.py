@@ -75,7 +75,8 @@ def test_the_hops_option_writes_two_hop_splits_and_the_manifest_records_hops_onl
     assert json.loads((tmp_path / "two" / "manifest.json").read_text())["config"]["hops"] == 2
     generate(LookupConfig(train_tasks=2, eval_tasks=1), tmp_path / "one")
     recorded = json.loads((tmp_path / "one" / "manifest.json").read_text())["config"]
-    assert recorded == LookupConfig(train_tasks=2, eval_tasks=1).model_dump(exclude={"hops"})  # as before hops
+    # as before the fields added since were added
+    assert recorded == LookupConfig(train_tasks=2, eval_tasks=1).model_dump(exclude={"hops", "value_min", "value_max"})
     with pytest.raises(ValueError, match="hops"):
         LookupConfig(hops=3)
 
@@ -85,7 +86,7 @@ def test_setup_keeps_tasks_whose_manifest_predates_hops_and_refuses_them_for_two
     tasks, _ = setup(tmp_path, lookup, ExpertConfig())
     manifest = tasks / "manifest.json"
     recorded = json.loads(manifest.read_text())["config"]
-    assert "hops" not in recorded and recorded == config_record(lookup)
+    assert not {"hops", "value_min", "value_max"} & set(recorded) and recorded == config_record(lookup)
     before = manifest.stat().st_mtime_ns
     setup(tmp_path, lookup, ExpertConfig())
     assert manifest.stat().st_mtime_ns == before

@@ -146,6 +146,34 @@ def test_rewriting_the_index_before_reading_it_leaves_the_named_file_unknown() -
                                            (-0.25, ["write_wrong"])]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "rewrite", ["echo file: cow.txt > inde?.txt", "echo file: cow.txt > ind''ex.txt", "sed -i s/hen/cow/ *.txt",
+                "mv cow.txt hen.txt"],
+)  # fmt: skip
+def test_rewriting_the_index_without_naming_it_also_leaves_the_named_file_unknown(rewrite: str) -> None:
+    """Any command but a plain read before the index read makes what it prints the agent's own word."""
+    turns = [
+        (shell(rewrite), QUIET),
+        (shell("cat index.txt"), {"exit_code": 0, "output": "file: cow.txt\n"}),
+        (shell("cat cow.txt"), COW),
+        (shell("echo 622 > answer.txt"), QUIET),
+    ]
+    rules = [rule for _, found in scored(turns, task=TWO_HOP) for rule in found]
+    assert "read_target" not in rules and "write_observed" not in rules
+
+
+def test_plain_reads_and_listings_before_the_index_keep_the_named_file_known() -> None:
+    turns = [
+        (shell("ls"), {"exit_code": 0, "output": "cow.txt\nhen.txt\nindex.txt\n"}),
+        (shell("cat cow.txt"), COW),
+        (shell("cat index.txt"), INDEX),
+        (shell("cat hen.txt"), HEN),
+        (shell("echo 295 > answer.txt"), QUIET),
+    ]
+    rules = [rule for _, found in scored(turns, task=TWO_HOP) for rule in found]
+    assert {"read_index", "read_target", "write_observed"} <= set(rules)
+
+
 def test_in_a_one_hop_task_reading_an_index_is_a_detour() -> None:
     turns = [(shell("cat index.txt"), {"exit_code": 1, "output": "cat: index.txt: No such file or directory"})]
     assert scored(turns) == [(-0.1, ["read_other"])]
