@@ -68,7 +68,8 @@ class StateStore(Protocol):
 
     def put_input(self, key: str, message: Input, prefix: bytes = b"") -> None:
         """Store ``prefix + message.value`` under ``key``: the input record kept as read, which the store may
-        persist as a reference to the record's place in its input topic rather than as a second copy."""
+        persist as a reference to the record's place in its input topic rather than as a second copy. Only for
+        inputs of a topic that is never compacted and outlives the key (``model-calls``, ``episode-outcomes``)."""
 
     def delete(self, key: str) -> None:
         """Forget ``key``."""

@@ -246,7 +246,8 @@ def read_topic(
     consumer = bus.consumer([topic])
     try:
         for p, offset in first.items():
-            consumer.seek(TopicPartition(topic, p), offset)
+            # a partition with nothing to read starts at its end: fetching it from its start would read it all
+            consumer.seek(TopicPartition(topic, p), offset if offset < last[p] else info.end_offsets.get(p, 0))
         until = {TopicPartition(topic, p): last[p] for p in last if first[p] < last[p]}
         records = read_until_quiet(
             consumer, max_records=2000, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls, until=until
@@ -262,8 +263,49 @@ def read_offsets(
     bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float = 0.5, idle_polls: int = 3
 ) -> dict[tuple[int, int], bytes]:
     """The values of the records of ``topic`` at ``offsets`` (per partition), keyed by (partition, offset); records
-    the topic no longer holds are absent. Offsets close together are read as one range (one pass per range of each
-    partition), so reading back the open state of a stream costs about one read of its recent records."""
+    the topic no longer holds (below its log start or past its end) are absent. Offsets close together are read as
+    one range (one pass per range of each partition), so reading back the open state of a stream costs about one
+    read of its recent records.
+
+    A record the topic still holds that did not come back (a slow first fetch ended the read early) is read once
+    more with more patience, then raises ``StateRestoreError``: reporting it as gone would drop live state."""
+    found = _read_offsets_once(bus, topic, offsets, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls)
+    missing = _held_but_missing(bus, topic, offsets, found)
+    if missing:
+        found.update(_read_offsets_once(bus, topic, missing, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls * 4))
+        missing = _held_but_missing(bus, topic, missing, found)
+    if missing:
+        examples = sorted((p, o) for p, wanted in missing.items() for o in wanted)[:5]
+        count = sum(map(len, missing.values()))
+        raise StateRestoreError(
+            f"could not read back {count} records {topic} still holds (partition, offset: {examples}); "
+            "state restore stopped instead of dropping them"
+        )
+    return found
+
+
+class StateRestoreError(RuntimeError):
+    """Input records that state references, and that the input topic still holds, could not be read back."""
+
+
+def _held_but_missing(
+    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], found: Mapping[tuple[int, int], bytes]
+) -> dict[int, list[int]]:
+    """Of ``offsets``, those the topic holds now (log start <= offset < end) that are not in ``found``."""
+    info = bus.describe_topic(topic)
+    missing: dict[int, list[int]] = {}
+    for p, wanted in offsets.items():
+        low, high = info.start_offsets.get(p, 0), info.end_offsets.get(p, 0)
+        lacking = [o for o in wanted if low <= o < high and (p, o) not in found]
+        if lacking:
+            missing[p] = lacking
+    return missing
+
+
+def _read_offsets_once(
+    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float, idle_polls: int
+) -> dict[tuple[int, int], bytes]:
+    """One pass of ``read_offsets``: what comes back, nothing retried."""
     runs = {p: _runs(sorted(set(wanted))) for p, wanted in offsets.items()}
     found: dict[tuple[int, int], bytes] = {}
     for i in range(max((len(r) for r in runs.values()), default=0)):

@@ -225,6 +225,10 @@ class ChangelogStateStore:
             else:
                 self._committed[key], self._home[key] = restored, partition
         self.rollback()
+        for key, _, partition in live:
+            if key in self.lost_keys:
+                # the next commit deletes a lost key's reference: it cannot come back to life at a later restore
+                self._home[key], self._batch[key], self._batch_home[key] = partition, None, partition
         return len(self._committed)
 
 

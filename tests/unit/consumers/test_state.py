@@ -132,6 +132,10 @@ def test_a_referenced_record_that_is_gone_or_different_is_lost_never_replaced() 
     restored = ChangelogStateStore(partitions=1)
     assert restored.restore(as_records(changes), resolve=lambda refs: {r: now_held[r] for r in refs if r in now_held})
     assert (dict(restored.items()), restored.lost_keys) == ({"kept": b"third"}, ["gone", "other"])
+    # the next commit deletes the lost keys' references, so a later restore cannot bring them back
+    assert sorted((c.key, c.value) for c in restored.changelog()) == [(b"gone", b""), (b"other", b"")]
+    restored.commit()
+    assert (restored.home("gone"), restored.dirty, dict(restored.items())) == (None, False, {"kept": b"third"})
     with pytest.raises(ValueError, match="3 references to input records and no reader"):
         ChangelogStateStore(partitions=1).restore(as_records(changes))
 
