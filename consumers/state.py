@@ -15,7 +15,8 @@ Layout of the changelog (``<group>.changelog``, one partition per input partitio
 - record key: the state key (UTF-8); value: ``b"P"`` + the value, or empty for a delete, or (``put_input``) a
   reference to the input record the value holds (``consumers.state_refs``): restore reads the record back from the
   input topic, so a processor that keeps whole inputs does not write their bytes twice. A referenced record the
-  input topic no longer holds leaves its key out of the restored state (``lost_keys``, logged by the runtime).
+  input topic no longer holds leaves its key out of the restored state (``lost_keys``, logged by the runtime) and
+  its reference is deleted at the next commit.
 
 Changes are staged per batch (committed or dropped with the transaction) and, inside a batch, per input record,
 so a record whose processing fails leaves no partial state behind.
@@ -218,17 +219,16 @@ class ChangelogStateStore:
                     live.append((key, decode_ref(value), partition))
         found = _read_back([v.source for _, v, _ in live if isinstance(v, StoredRef)], resolve)
         self._committed, self._home, self.lost_keys = {}, {}, []
+        self.rollback()
         for key, value, partition in live:
             restored = value if isinstance(value, bytes) else value.value(found.get(value.source))
+            self._home[key] = partition
             if restored is None:
-                self.lost_keys.append(key)
-            else:
-                self._committed[key], self._home[key] = restored, partition
-        self.rollback()
-        for key, _, partition in live:
-            if key in self.lost_keys:
                 # the next commit deletes a lost key's reference: it cannot come back to life at a later restore
-                self._home[key], self._batch[key], self._batch_home[key] = partition, None, partition
+                self.lost_keys.append(key)
+                self._batch[key], self._batch_home[key] = None, partition
+            else:
+                self._committed[key] = restored
         return len(self._committed)
 
 
