@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
+from consumers.config import ConsumersConfig
+from consumers.credit import CreditConfig, assign_credit
 from consumers.rewards import load_reward
+from orchard.config import OrchardConfig
 from orchard.trajectory import Step, Trajectory
 from recipes.file_lookup.step_reward import RULE_WEIGHTS, FileLookupSteps
 
@@ -177,3 +183,35 @@ def test_plain_reads_and_listings_before_the_index_keep_the_named_file_known() -
 def test_in_a_one_hop_task_reading_an_index_is_a_detour() -> None:
     turns = [(shell("cat index.txt"), {"exit_code": 1, "output": "cat: index.txt: No such file or directory"})]
     assert scored(turns) == [(-0.1, ["read_other"])]
+
+
+def _recipe_credit_config(monkeypatch: pytest.MonkeyPatch) -> CreditConfig:
+    """The credit rules the recipe's credit-assignment builder runs with (its environment, as the CLI reads it)."""
+    recipe = yaml.safe_load((Path(__file__).parents[3] / "recipes/file_lookup/recipe.yaml").read_text())
+    for name, value in recipe["components"]["builder-credit"]["env"].items():
+        monkeypatch.setenv(name, value)
+    return ConsumersConfig.model_validate(OrchardConfig().consumers).sample_builder.credit
+
+
+@pytest.mark.parametrize(
+    ("turns", "weights"),
+    [
+        # wrong_file: another file read, its value written: nothing in it is the named file's value
+        ([(shell("cat cow.txt"), COW), (shell("echo 622 > answer.txt"), QUIET), (submit(), SUBMITTED)], [0, 0, 0]),
+        # no_read: a guess written without reading anything
+        ([(shell("echo 731 > answer.txt"), QUIET), (submit(), SUBMITTED)], [0, 0]),
+        # the named file read, then a wrong line written: the read is the productive fragment
+        ([(shell("cat hen.txt"), HEN), (shell("echo 885 > answer.txt"), QUIET), (submit(), SUBMITTED)],
+         [0.5 * 0.6, 0, 0]),
+    ],
+)  # fmt: skip
+def test_the_recipes_credit_stage_trains_on_a_failed_attempts_read_of_the_named_file_and_never_on_a_wrong_write(
+    monkeypatch: pytest.MonkeyPatch, turns: list[Any], weights: list[float]
+) -> None:
+    config = _recipe_credit_config(monkeypatch)
+    failed = dataclasses.replace(trajectory(turns), status="FAILED", success=False, signals={"progress": 0.2})
+    scores = {"file_lookup_steps": {s.call_index: s.score for s in FileLookupSteps().score_episode(failed)}}
+    credit = assign_credit(failed, config, step_scores=scores)
+    assert [c.weight for c in credit] == pytest.approx(weights)
+    without_scores = assign_credit(failed, CreditConfig(progress_signals=["progress"]))
+    assert max(c.weight for c in without_scores) == pytest.approx(0.25 * 0.6), "the coding rules credit the write"
