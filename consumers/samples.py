@@ -58,7 +58,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from consumers.advantages import DenseScore, dense_token_scores, group_advantages
+from consumers.advantages import DenseScore, baseline_dense_scores, dense_token_scores, group_advantages
 from consumers.credit import CreditConfig, credit_steps, fix_files_of
 from consumers.groups import ClosedGroup, GroupBuilder, GroupBy, Member, group_key
 from consumers.processor import Emit, Input, Processor, RecordRejected, StateStore
@@ -74,6 +74,7 @@ from orchard.trajectory_records import trajectory_from_record
 
 log = get_logger("consumers.samples")
 SampleKind = Literal["RL", "SFT"]
+DenseBaseline = Literal["none", "call_index"]
 _TRAJ, _WAIT, _SCORE, _DONE, _GROUP, _CLOCK = "traj/", "wait/", "score/", "done/", "group/", "clock"
 SCORE_COUNT_FIELD = "episode_score_count"
 """The ``StepScore`` (v2) field giving how many records the scorer published for the episode (null: it does not say)."""
@@ -106,6 +107,10 @@ class SampleBuilderConfig(BaseModel):
         description="A scorer whose records do not carry episode_score_count (StepScore v1, third-party scorers) "
         "counts as done with an episode this long (event time) after its first score for it; one whose records "
         "carry it is done once that many have come.",
+    )
+    dense_baseline: DenseBaseline = Field(
+        "none", description="'call_index': subtract from each call-level dense score the mean of the other group "
+        "members' scores at the same call index (consumers.advantages); 'none': add the scores as they are."
     )
     outcome_weight: float = Field(1.0, description="Weight of the group-relative outcome advantage.")
     advantage_eps: float = Field(1e-6, gt=0, description="eps in (r - mean) / (std + eps).")
@@ -313,10 +318,13 @@ class SampleBuilder(Processor):
             ddof=self.config.advantage_ddof,
         )  # fmt: skip
         fix_files = fix_files_of(m.facts for m in members if m.success and m.facts is not None)
+        books = [self._books(member.episode_id) for member in members]
+        dense = [[score for book in member_books for score in book.dense_scores()] for member_books in books]
+        if self.config.dense_baseline == "call_index":
+            dense = baseline_dense_scores(dense)
         emitted = 0
-        for member, advantage in zip(members, advantages, strict=True):
-            books = self._books(member.episode_id)
-            for sample in self._samples(member, advantage, books, fix_files, group.closed_ms):
+        for member, advantage, member_books, member_dense in zip(members, advantages, books, dense, strict=True):
+            for sample in self._samples(member, advantage, member_books, member_dense, fix_files, group.closed_ms):
                 emit(SAMPLES, "TrainingSample", sample, key=member.episode_id)
                 emitted += 1
             self._forget(member.episode_id, group.closed_ms)
@@ -332,11 +340,11 @@ class SampleBuilder(Processor):
         member: PreparedTrajectory,
         advantage: float,
         books: list[ScoreBook],
+        dense: list[DenseScore],
         fix_files: frozenset[str],
         created_ms: int,
     ) -> Iterator[dict[str, Any]]:
         config = self.config
-        dense = [score for book in books for score in book.dense_scores()]
         call_weights = None
         if "SFT" in config.kinds and self._sft_eligible(member) and member.facts is not None:
             step_scores = {book.scorer: book.call_scores() for book in books}

@@ -270,6 +270,39 @@ def test_dense_scores_are_weighted_and_span_scores_apply_to_their_span() -> None
     assert e1 == [round(v, 4) for v in [0, 0, 0, -a + 0.5, -a + 0.5, 0, 0, -a - 0.5, -a - 0.5, -a - 0.5]]
 
 
+@pytest.mark.parametrize("baseline", ["none", "call_index"])
+def test_with_a_call_index_baseline_siblings_that_did_the_same_get_no_dense_signal_and_a_better_call_gets_a_positive(
+    baseline: str,
+) -> None:
+    config = SampleBuilderConfig(group_size=3, scorers={"steps": 0.5}, score_wait_ms=500, score_settle_ms=50,
+                                 dense_baseline=baseline)  # fmt: skip
+    inputs: list[Input | int] = []
+    for index, first in enumerate([0.5, 0.5, -0.1]):  # all succeeded; e2's first call was a detour
+        name = f"e{index}"
+        inputs += [episode(name, reward=1.0, status="SUCCEEDED", timestamp=1000 + index),
+                   score(name, "steps", 0, first, 1000 + index), score(name, "steps", 1, 0.5, 1000 + index)]
+    inputs.append(1060)
+    out, _ = drive(config, inputs)
+    values = {sample["episode_id"]: arrays(sample)[2] for sample in out}
+    if baseline == "none":  # every member's tokens pushed up, the detour's first call a little down
+        assert values["e0"] == values["e1"] == [0, 0, 0, 0.25, 0.25, 0, 0, 0.25, 0.25, 0.25]
+        assert values["e2"] == [0, 0, 0, -0.05, -0.05, 0, 0, 0.25, 0.25, 0.25]
+    else:  # call 0: 0.5 - mean(0.5, -0.1) = 0.3 for e0 and e1, -0.1 - 0.5 = -0.6 for e2; call 1 the same for all
+        assert values["e0"] == values["e1"] == [0, 0, 0, 0.15, 0.15, 0, 0, 0, 0, 0]
+        assert values["e2"] == [0, 0, 0, -0.3, -0.3, 0, 0, 0, 0, 0]
+
+
+def test_a_call_index_baseline_leaves_a_group_whose_members_all_did_the_same_with_no_sample() -> None:
+    config = SampleBuilderConfig(group_size=2, scorers={"steps": 0.5}, score_wait_ms=500, score_settle_ms=50,
+                                 dense_baseline="call_index")  # fmt: skip
+    inputs: list[Input | int] = []
+    for name in ("e0", "e1"):
+        inputs += [episode(name, reward=1.0, status="SUCCEEDED"), score(name, "steps", 0, 0.5, 1000),
+                   score(name, "steps", 1, 0.0, 1000)]  # fmt: skip
+    out, _ = drive(config, [*inputs, 1060])
+    assert out == []  # every advantage 0: nothing to learn, so no noise-only step
+
+
 def test_a_scorer_without_a_count_counts_as_done_once_the_settle_time_passed_after_its_first_score() -> None:
     config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_settle_ms=100, emit_zero_samples=True)
     for version in (1, 2):  # a StepScore v1 record, and a v2 record whose scorer does not say how many it sent
