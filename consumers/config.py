@@ -21,8 +21,12 @@ class RuntimeConfig(_Strict):
         0.5, gt=0, le=1.0, description="Longest wait for records (at most 1 s, so a stop signal is seen)."
     )
     progress_interval_s: float = Field(10.0, gt=0, description="Seconds between progress log lines.")
-    restore_idle_polls: int = Field(
-        3, ge=1, description="Empty polls that end a changelog restore whose end offset stays out of reach."
+    restore_stall_s: float = Field(
+        30.0, gt=0, description="A state restore that reads nothing new for this long stops the consumer with an "
+        "error (it reads its changelog and referenced inputs to their ends, never less)."
+    )
+    restore_idle_polls: int | None = Field(
+        None, ge=1, description="Deprecated and ignored: a restore no longer ends on empty polls (restore_stall_s)."
     )
     start: ConsumerStart = Field(
         "earliest",

@@ -41,8 +41,8 @@ from consumers.state_refs import InputRef
 from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, TransactionalProducer, TransactionError
 from orchard.bus.base import StartPosition
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
-from orchard.bus.exceptions import MemberFencedError, TransactionPendingError
-from orchard.bus.reading import read_until_quiet
+from orchard.bus.exceptions import BusError, MemberFencedError, TransactionPendingError
+from orchard.bus.reading import reached, read_until_quiet
 from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.exceptions import OrchardError
@@ -53,6 +53,7 @@ from orchard.topics import DEAD_LETTERS, TOPICS_BY_NAME
 log = get_logger("consumers.runtime")
 DEFAULT_LETTER_LIMIT = 1_000_000  # without a producer to ask: Kafka's default record limit
 FENCED_AGAIN_S = 60.0  # a member fenced twice within this: another instance uses its id
+READ_STALL_S = 30.0  # a topic read with no progress this long gives up (Kafka's first fetch can take seconds)
 READ_GAP = 1000  # reading back referenced inputs: records between two wanted ones read through rather than seeking
 
 
@@ -233,11 +234,16 @@ def read_topic(
     start: Mapping[int, int] | None = None,
     end: Mapping[int, int] | None = None,
     poll_timeout_s: float = 0.5,
-    idle_polls: int = 3,
+    stall_s: float = READ_STALL_S,
 ) -> Iterator[Record]:
     """Every record of ``topic`` from ``start`` up to (not including) ``end`` offsets per partition (defaults:
-    the whole topic as it is now), each partition in order. Kafka transaction markers take offsets no record has,
-    so a partition whose end stays out of reach is given up after ``idle_polls`` empty polls."""
+    the whole topic as it is now), each partition in order.
+
+    The read ends when the consumer's position reaches ``end`` in every partition. On Kafka the end offsets a bus
+    reports are the last stable offsets, and a read_committed consumer's position moves past transaction markers and
+    aborted records, so it always gets there; a first fetch can take seconds on a busy broker or after a rebalance,
+    and giving up on a few empty polls then would end a state restore short and drop live state. A read that makes
+    no progress for ``stall_s`` seconds raises ``TopicReadError`` instead of returning less than asked for."""
     info = bus.describe_topic(topic)
     first = {p: max(info.start_offsets.get(p, 0), (start or {}).get(p, 0)) for p in range(info.partitions)}
     last = {p: min(info.end_offsets.get(p, 0), (end or info.end_offsets).get(p, 0)) for p in range(info.partitions)}
@@ -249,30 +255,42 @@ def read_topic(
             # a partition with nothing to read starts at its end: fetching it from its start would read it all
             consumer.seek(TopicPartition(topic, p), offset if offset < last[p] else info.end_offsets.get(p, 0))
         until = {TopicPartition(topic, p): last[p] for p in last if first[p] < last[p]}
-        records = read_until_quiet(
-            consumer, max_records=2000, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls, until=until
-        )
+        records = read_until_quiet(consumer, max_records=2000, poll_timeout_s=poll_timeout_s, quiet_s=stall_s,
+                                   until=until)  # fmt: skip
         for record in records:
             if first[record.partition] <= record.offset < last[record.partition]:
                 yield record
+        positions = consumer.position()
+        if not reached(positions, until):
+            short = {tp.partition: (positions.get(tp), offset) for tp, offset in until.items()
+                     if positions.get(tp, -1) < offset}  # fmt: skip
+            raise TopicReadError(
+                f"reading {topic} made no progress for {stall_s:g}s short of its end (partition: (position, end) "
+                f"{short}); stopped instead of returning part of it"
+            )
     finally:
         consumer.close()
 
 
+class TopicReadError(BusError):
+    """A read of a topic's records up to given offsets stalled before it got there."""
+
+
 def read_offsets(
-    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float = 0.5, idle_polls: int = 3
+    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float = 0.5,
+    stall_s: float = READ_STALL_S,
 ) -> dict[tuple[int, int], bytes]:
     """The values of the records of ``topic`` at ``offsets`` (per partition), keyed by (partition, offset); records
     the topic no longer holds (below its log start or past its end) are absent. Offsets close together are read as
     one range (one pass per range of each partition), so reading back the open state of a stream costs about one
     read of its recent records.
 
-    A record the topic still holds that did not come back (a slow first fetch ended the read early) is read once
-    more with more patience, then raises ``StateRestoreError``: reporting it as gone would drop live state."""
-    found = _read_offsets_once(bus, topic, offsets, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls)
+    A record the topic still holds that did not come back is read once more, then raises ``StateRestoreError``:
+    reporting it as gone would drop live state."""
+    found = _read_offsets_once(bus, topic, offsets, poll_timeout_s=poll_timeout_s, stall_s=stall_s)
     missing = _held_but_missing(bus, topic, offsets, found)
     if missing:
-        found.update(_read_offsets_once(bus, topic, missing, poll_timeout_s=poll_timeout_s, idle_polls=idle_polls * 4))
+        found.update(_read_offsets_once(bus, topic, missing, poll_timeout_s=poll_timeout_s, stall_s=stall_s))
         missing = _held_but_missing(bus, topic, missing, found)
     if missing:
         examples = sorted((p, o) for p, wanted in missing.items() for o in wanted)[:5]
@@ -303,7 +321,7 @@ def _held_but_missing(
 
 
 def _read_offsets_once(
-    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float, idle_polls: int
+    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float, stall_s: float
 ) -> dict[tuple[int, int], bytes]:
     """One pass of ``read_offsets``: what comes back, nothing retried."""
     runs = {p: _runs(sorted(set(wanted))) for p, wanted in offsets.items()}
@@ -312,8 +330,7 @@ def _read_offsets_once(
         start = {p: r[i][0] for p, r in runs.items() if i < len(r)}
         end = {p: r[i][-1] + 1 for p, r in runs.items() if i < len(r)}
         wanted = {p: set(r[i]) for p, r in runs.items() if i < len(r)}
-        for record in read_topic(bus, topic, start=start, end=end, poll_timeout_s=poll_timeout_s,
-                                 idle_polls=idle_polls):  # fmt: skip
+        for record in read_topic(bus, topic, start=start, end=end, poll_timeout_s=poll_timeout_s, stall_s=stall_s):
             if record.offset in wanted[record.partition]:
                 found[(record.partition, record.offset)] = record.value
     return found
@@ -514,7 +531,7 @@ class ConsumerRuntime:
         owned = {tp.partition for tp in assignment}
         started = time.perf_counter()
         records = read_topic(self.bus, self.changelog, poll_timeout_s=self.config.poll_timeout_s,
-                             idle_polls=self.config.restore_idle_polls)  # fmt: skip
+                             stall_s=self.config.restore_stall_s)  # fmt: skip
         keys = state.restore(records, owned, resolve=self._read_inputs)
         if state.lost_keys:
             self.log.error("state keys lost: the input records they reference are gone from the input topics "
@@ -533,7 +550,7 @@ class ConsumerRuntime:
         found: dict[InputRef, bytes] = {}
         for topic, offsets in wanted.items():
             values = read_offsets(self.bus, self.physical(topic), offsets, poll_timeout_s=self.config.poll_timeout_s,
-                                  idle_polls=self.config.restore_idle_polls)  # fmt: skip
+                                  stall_s=self.config.restore_stall_s)  # fmt: skip
             found.update({InputRef(topic, p, o): value for (p, o), value in values.items()})
         return found
 

@@ -101,7 +101,7 @@ def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
     process = start(bus_config, namespace, final, idle_exit=8.0 if kafka else 3.0)
     assert process.wait(timeout=240) == 0, final.read_text()[-3000:]
 
-    records = [CODEC.decode(r.value).record for r in read_topic(bus, trajectories, poll_timeout_s=0.3, idle_polls=4)]
+    records = [CODEC.decode(r.value).record for r in read_topic(bus, trajectories, poll_timeout_s=0.3)]
     assert sorted(r["episode_id"] for r in records) == sorted(e.episode_id for e in episodes)  # once each
     by_episode = {r["episode_id"]: r for r in records}
     for episode in episodes:
@@ -158,7 +158,7 @@ def _outputs(bus: Bus, topic: str) -> list[tuple[bytes | None, str]]:
     """Key and decoded record of each output, less its time field: that is the event time of the input records,
     which were published separately to the two namespaces."""
     records = []
-    for record in read_topic(bus, topic, poll_timeout_s=0.3, idle_polls=4):
+    for record in read_topic(bus, topic, poll_timeout_s=0.3):
         fields = {k: v for k, v in CODEC.decode(record.value).record.items() if k not in ("created_at", "timestamp")}
         records.append((record.key, repr(sorted(fields.items()))))
     return sorted(records)

@@ -55,7 +55,7 @@ def publish(bus: Bus, namespace: str, records: list[CapturedRecord], extra: list
 
 
 def decoded(bus: Bus, topic: str) -> list[dict]:
-    return [CODEC.decode(r.value).record for r in read_topic(bus, topic, poll_timeout_s=0.3, idle_polls=4)]
+    return [CODEC.decode(r.value).record for r in read_topic(bus, topic, poll_timeout_s=0.3)]
 
 
 def idle_exit(bus_config: BusConfig) -> float:

@@ -118,8 +118,7 @@ def test_three_instances_with_one_killed_mid_stream_emit_exactly_what_one_instan
         assert all(p.poll() is None for p in processes), [log.read_text()[-2000:] for log in logs]
         assert time.monotonic() < deadline, [log.read_text()[-2000:] for log in logs]
         time.sleep(0.1)
-    records = [r for topic in inputs for r in read_topic(bus, f"{reference}.{topic}", poll_timeout_s=0.3,
-                                                         idle_polls=4)]  # fmt: skip
+    records = [r for topic in inputs for r in read_topic(bus, f"{reference}.{topic}", poll_timeout_s=0.3)]
     producer = bus.producer()
     killed: list[int] = []
     for i, record in enumerate(records):

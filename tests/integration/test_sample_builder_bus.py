@@ -66,7 +66,7 @@ def _run_pipeline(bus: Bus, namespace: str) -> None:
 
 
 def _samples(bus: Bus, namespace: str) -> list[dict]:
-    records = read_topic(bus, f"{namespace}.samples", poll_timeout_s=0.3, idle_polls=3)
+    records = read_topic(bus, f"{namespace}.samples", poll_timeout_s=0.3)
     return [CODEC.decode(record.value).record for record in records]
 
 

@@ -247,7 +247,7 @@ def restore(bus: EmbeddedBus, topic: str) -> tuple[dict[str, bytes], int]:
             yield record
 
     state = ChangelogStateStore(2)
-    state.restore(counted(read_topic(bus, topic, poll_timeout_s=0.05, idle_polls=2)))
+    state.restore(counted(read_topic(bus, topic, poll_timeout_s=0.05)))
     return dict(state.items()), seen[0]
 
 

@@ -1,14 +1,16 @@
-"""Reading input records back by offset (restoring state that references its inputs) on the embedded bus."""
+"""Reading a topic to its end and input records back by offset (restoring state) on the embedded bus."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from consumers import runtime
-from consumers.runtime import StateRestoreError, read_offsets
-from orchard.bus import open_bus
+from consumers.runtime import StateRestoreError, TopicReadError, read_offsets, read_topic
+from orchard.bus import Bus, Consumer, Record, open_bus
 from orchard.config import EmbeddedBusConfig
 
 
@@ -25,7 +27,7 @@ def test_exactly_the_wanted_records_come_back_across_gaps_and_partitions(
                 producer.produce("in", f"{partition}:{offset}".encode(), partition=partition)
         producer.flush()
         wanted = {0: [3, 4, 20, 39], 1: [0, 10, 11, 12, 38]}
-        found = read_offsets(bus, "in", {**wanted, 1: [*wanted[1], 40, 41]}, poll_timeout_s=0.05, idle_polls=1)
+        found = read_offsets(bus, "in", {**wanted, 1: [*wanted[1], 40, 41]}, poll_timeout_s=0.05)
         assert found == {(p, o): f"{p}:{o}".encode() for p, offsets in wanted.items() for o in offsets}
 
 
@@ -49,8 +51,65 @@ def test_a_held_record_that_does_not_come_back_is_read_again_then_raises_instead
         producer.flush()
         monkeypatch.setattr(runtime, "_read_offsets_once", dropping)
         with pytest.raises(StateRestoreError, match=r"1 records in still holds .*\(0, 5\)"):
-            read_offsets(bus, "in", {0: [2, 5]}, poll_timeout_s=0.05, idle_polls=1)
+            read_offsets(bus, "in", {0: [2, 5]}, poll_timeout_s=0.05)
         assert len(passes) == 2
         monkeypatch.setattr(runtime, "_read_offsets_once", once)
-        found = read_offsets(bus, "in", {0: [2, 5, 12]}, poll_timeout_s=0.05, idle_polls=1)  # 12: past the end
+        found = read_offsets(bus, "in", {0: [2, 5, 12]}, poll_timeout_s=0.05)  # 12: past the end
         assert found == {(0, 2): b"2", (0, 5): b"5"}
+
+
+class _SlowFirstFetch:
+    """A consumer whose first ``empty`` polls come back empty, as a Kafka consumer's do while its first fetch waits
+    on a busy broker or a rebalance; everything else is the real consumer's."""
+
+    def __init__(self, inner: Consumer, empty: int) -> None:
+        self.inner, self.empty = inner, empty
+
+    def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        if self.empty > 0:
+            self.empty -= 1
+            time.sleep(timeout_s)
+            return []
+        return self.inner.poll(max_records, timeout_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _slow_bus(bus: Bus, empty: int) -> Bus:
+    """``bus`` whose plain consumers start with ``empty`` empty polls."""
+    make = bus.consumer
+
+    def consumer(topics: list[str], group: str | None = None, **kwargs: Any) -> Consumer:
+        return _SlowFirstFetch(make(topics, group, **kwargs), empty)  # type: ignore[return-value]
+
+    bus.consumer = consumer  # type: ignore[method-assign]
+    return bus
+
+
+def test_a_read_outwaits_a_slow_first_fetch_instead_of_returning_part_of_the_topic(tmp_path: Path) -> None:
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        bus.create_topic("changelog", 2)
+        producer = bus.producer()
+        for offset in range(30):
+            producer.produce("changelog", f"{offset}".encode(), partition=offset % 2)
+        producer.flush()
+        slow = _slow_bus(bus, empty=8)  # 8 empty polls: the old rule gave up after 3
+        records = list(read_topic(slow, "changelog", poll_timeout_s=0.01))
+        assert sorted(int(r.value) for r in records) == list(range(30))
+        found = read_offsets(slow, "changelog", {0: [0, 14], 1: [0, 14]}, poll_timeout_s=0.01)
+        assert found == {(0, 0): b"0", (0, 14): b"28", (1, 0): b"1", (1, 14): b"29"}
+
+
+def test_a_read_that_makes_no_progress_raises_instead_of_returning_part_of_the_topic(tmp_path: Path) -> None:
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        bus.create_topic("changelog", 1)
+        producer = bus.producer()
+        for offset in range(5):
+            producer.produce("changelog", f"{offset}".encode(), partition=0)
+        producer.flush()
+        stalled = _slow_bus(bus, empty=10_000)
+        started = time.monotonic()
+        with pytest.raises(TopicReadError, match=r"changelog made no progress for 0.2s .*\{0: \(0, 5\)\}"):
+            list(read_topic(stalled, "changelog", poll_timeout_s=0.01, stall_s=0.2))
+        assert time.monotonic() - started < 5
