@@ -26,8 +26,10 @@ noise up to full-size steps (the file-lookup recipe's dense stage lost 40 of the
 ``dense_baseline="call_index"`` (``baseline_dense_scores``) subtracts a baseline instead: the mean of the *other*
 members' scores from the same scorer at the same call index (leave-one-out, so the baseline does not depend on the
 member's own actions and the gradient stays unbiased). Members that did the same thing at a call then get 0 there;
-a member that did better than its siblings gets a positive score, worse a negative one. A call no sibling reached
-keeps its raw score, and span scores (``token_start``/``token_end``) are never baselined.
+a member that did better than its siblings gets a positive score, worse a negative one. A group of one gets no dense
+signal (nothing to compare it with, as for the outcome). A call no sibling reached keeps its raw score, and span
+scores (``token_start``/``token_end``) are never baselined. Calls are matched by index, whatever conversation they
+belong to: a harness with several conversations per episode lines up unrelated calls.
 """
 
 from __future__ import annotations
@@ -98,7 +100,10 @@ def dense_token_scores(
 
 def baseline_dense_scores(members: Sequence[Sequence[DenseScore]]) -> list[list[DenseScore]]:
     """Each member's call-level scores minus the leave-one-out mean of its siblings' scores of the same scorer at
-    the same call index (see the module docstring); span scores, abstentions and calls no sibling reached unchanged.
+    the same call index (see the module docstring). A score equal to that mean (to rounding) becomes exactly 0, so
+    identical siblings leave an all-zero sample that is not emitted. In a group of one there is nothing to compare:
+    every call-level score becomes 0, as the outcome advantage does. Span scores, abstentions and calls no sibling
+    reached are unchanged.
 
     >>> read, write = DenseScore("s", 0, 0.5), DenseScore("s", 1, 0.5)
     >>> [[d.score for d in m] for m in baseline_dense_scores([[read, write], [read, write]])]
@@ -107,22 +112,26 @@ def baseline_dense_scores(members: Sequence[Sequence[DenseScore]]) -> list[list[
     >>> [[round(d.score, 3) for d in m] for m in baseline_dense_scores([detour, [read, write]])]
     [[-0.6, 0.0, 0.5], [0.6, 0.0]]
     """
-    sums: dict[tuple[str, int], float] = {}
-    counts: dict[tuple[str, int], int] = {}
-    for member in members:
+    by_call: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (scorer, call) -> (member, score)
+    for index, member in enumerate(members):
         for score in member:
             if _baselined(score):
-                key = (score.scorer, score.call_index)
-                sums[key] = sums.get(key, 0.0) + score.score
-                counts[key] = counts.get(key, 0) + 1
+                by_call.setdefault((score.scorer, score.call_index), []).append((index, score.score))
+    alone = len(members) == 1
     out = []
-    for member in members:
+    for index, member in enumerate(members):
         shifted = []
         for score in member:
-            key = (score.scorer, score.call_index)
-            if _baselined(score) and counts[key] > 1:
-                siblings = (sums[key] - score.score) / (counts[key] - 1)
-                score = replace(score, score=score.score - siblings)
+            if _baselined(score):
+                siblings = [s for i, s in by_call[(score.scorer, score.call_index)] if i != index]
+                if alone:
+                    score = replace(score, score=0.0)
+                elif siblings:
+                    mean = math.fsum(siblings) / len(siblings)
+                    difference = score.score - mean
+                    if abs(difference) <= 1e-9 * max(1.0, abs(score.score)):
+                        difference = 0.0  # equal to rounding: (sum - own) / (n - 1) leaves residues like 1e-17
+                    score = replace(score, score=difference)
             shifted.append(score)
         out.append(shifted)
     return out

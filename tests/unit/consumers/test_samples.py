@@ -303,6 +303,21 @@ def test_a_call_index_baseline_leaves_a_group_whose_members_all_did_the_same_wit
     assert out == []  # every advantage 0: nothing to learn, so no noise-only step
 
 
+@pytest.mark.parametrize(("size", "value"), [(8, -0.1), (3, 0.1), (5, 0.3), (7, -0.2), (1, 0.5)])
+def test_a_call_index_baseline_gives_identical_members_and_a_group_of_one_exactly_no_dense_signal(
+    size: int, value: float
+) -> None:
+    config = SampleBuilderConfig(group_size=size, scorers={"steps": 0.5}, score_wait_ms=500, score_settle_ms=50,
+                                 dense_baseline="call_index")  # fmt: skip
+    inputs: list[Input | int] = []
+    for index in range(size):  # (sum - own) / (n - 1) leaves residues like -1.4e-17 for these values
+        name = f"e{index}"
+        inputs += [episode(name, reward=1.0, status="SUCCEEDED"), score(name, "steps", 0, value, 1000),
+                   score(name, "steps", 1, value, 1000)]  # fmt: skip
+    out, _ = drive(config, [*inputs, 1060])
+    assert out == []
+
+
 def test_a_scorer_without_a_count_counts_as_done_once_the_settle_time_passed_after_its_first_score() -> None:
     config = SampleBuilderConfig(group_size=1, scorers={"prm": 1.0}, score_settle_ms=100, emit_zero_samples=True)
     for version in (1, 2):  # a StepScore v1 record, and a v2 record whose scorer does not say how many it sent

@@ -215,3 +215,22 @@ def test_the_recipes_credit_stage_trains_on_a_failed_attempts_read_of_the_named_
     assert [c.weight for c in credit] == pytest.approx(weights)
     without_scores = assign_credit(failed, CreditConfig(progress_signals=["progress"]))
     assert max(c.weight for c in without_scores) == pytest.approx(0.25 * 0.6), "the coding rules credit the write"
+
+
+def test_the_recipes_credit_builder_joins_a_demonstrations_scores_read_after_much_later_trajectories(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The credit stage reads every trajectory from the start: held-out ones, minutes newer than the
+    demonstrations, move the builder's event-time clock before a demonstration's scores are read."""
+    from tests.unit.consumers.test_samples import arrays, drive, episode, score
+
+    _recipe_credit_config(monkeypatch)  # the builder-credit environment
+    config = ConsumersConfig.model_validate(OrchardConfig().consumers).sample_builder
+    demo = episode("demo", reward=0.0, group="g-demo", timestamp=1_000, first_command="cat hen.txt",
+                   signals={"progress": 0.2})  # fmt: skip
+    held_out = episode("eval", reward=1.0, status="SUCCEEDED", group="g-eval", timestamp=1_000 + 8 * 60_000)
+    scored = [score("demo", "file_lookup_steps", 0, 0.5, 1_001, count=2),
+              score("demo", "file_lookup_steps", 1, 0.0, 1_001, count=2)]  # fmt: skip
+    out, _ = drive(config, [demo, held_out, *scored])
+    samples = {sample["episode_id"]: arrays(sample)[2] for sample in out}
+    assert samples["demo"] == [0, 0, 0, 0.3, 0.3, 0, 0, 0, 0, 0]  # the read's 0.5, times the progress factor 0.6
