@@ -93,17 +93,22 @@ def sandbox(runtime: LocalRuntime, source: Path) -> LocalSandbox:
     return runtime.create(spec("sb-main", source_dir=source))
 
 
+PF_EXITING = 0x4
+"""The kernel's flag of a process being torn down (``/proc/<pid>/stat`` field 9): a sandbox's PID namespace is
+killed when its PID 1 exits, and on a busy machine its last processes may still be exiting, never to run again."""
+
+
 def processes_of(uid: int) -> list[int]:
-    """Host pids of live (not zombie) processes owned by ``uid``."""
+    """Host pids of live processes owned by ``uid`` (not zombies, not exiting)."""
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 owned = entry.stat().st_uid == uid
-                state = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()[0]
+                fields = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()
             except OSError:
                 continue
-            if owned and state != "Z":
+            if owned and fields[0] != "Z" and not int(fields[6]) & PF_EXITING:
                 pids.append(int(entry.name))
     return pids
 
