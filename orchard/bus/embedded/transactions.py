@@ -22,7 +22,7 @@ from orchard.bus.base import TopicPartition
 from orchard.bus.embedded.groups import GroupOffsets
 from orchard.bus.embedded.locks import file_lock, write_atomic
 from orchard.bus.embedded.log import PartitionLog, PendingRecord
-from orchard.bus.exceptions import TransactionError, TransactionPendingError
+from orchard.bus.exceptions import BusError, TransactionError, TransactionPendingError
 
 MAGIC = b"OTX1"
 LENGTH = struct.Struct("<I")
@@ -74,12 +74,19 @@ class Journal:
 
     @classmethod
     def decode(cls, data: bytes) -> Journal:
-        """Inverse of ``encode``."""
-        if data[:4] != MAGIC:
-            raise ValueError("not a transaction journal")
+        """Inverse of ``encode``; ``ValueError`` for bytes that are not a whole journal (a header or payload cut
+        short or followed by more: applying part of a transaction would write records cut short)."""
+        if data[:4] != MAGIC or len(data) < 8:
+            raise ValueError(f"not a transaction journal ({len(data)} bytes, no {MAGIC.decode()} header)")
         (head_len,) = LENGTH.unpack_from(data, 4)
-        header = json.loads(data[8 : 8 + head_len])
+        try:
+            header = json.loads(data[8 : 8 + head_len])
+        except ValueError as exc:
+            raise ValueError(f"transaction journal header unreadable ({len(data)} bytes): {exc}") from exc
         position = 8 + head_len
+        expected = position + sum(max(row[2], 0) + row[3] for row in header["records"])
+        if len(data) != expected:
+            raise ValueError(f"transaction journal of {len(data)} bytes where its header accounts for {expected}")
         tag = int(header["tag"])
         records: dict[TopicPartition, list[PendingRecord]] = {}
         for topic, partition, key_len, value_len, ts in header["records"]:
@@ -218,6 +225,11 @@ class TransactionCoordinator:
             journal = Journal.decode(path.read_bytes())
         except FileNotFoundError:
             return False
+        except ValueError as exc:
+            raise BusError(
+                f"cannot settle the transaction journal {path}: {exc}. It is damaged (a crash without fsync, or the "
+                "disk); move it out of the directory to open the bus without that transaction"
+            ) from exc
         transactional_id = path.name.rsplit(".", 2)[0]
         with self._locked(transactional_id, journal.records, journal.group):
             if not path.exists():  # its owner was alive and finished it while we waited for the locks

@@ -13,7 +13,7 @@ from orchard.bus.embedded import transactions as txn_module
 from orchard.bus.embedded.consumer import EmbeddedConsumer
 from orchard.bus.embedded.frames import PendingRecord
 from orchard.bus.embedded.locks import write_atomic
-from orchard.bus.exceptions import TransactionPendingError
+from orchard.bus.exceptions import BusError, TransactionPendingError
 from orchard.config import EmbeddedBusConfig
 
 
@@ -173,3 +173,19 @@ def test_a_journal_written_in_pieces_decodes_to_the_same_transaction(tmp_path: P
     write_atomic(path, journal.pieces(), fsync=True)
     assert path.read_bytes() == journal.encode()
     assert txn_module.Journal.decode(path.read_bytes()) == journal
+
+
+@pytest.mark.parametrize("cut", [-1, 1])  # one byte short, one byte too many
+def test_a_damaged_journal_stops_the_bus_from_opening_naming_it_instead_of_applying_part_of_it(
+    bus: EmbeddedBus, cut: int
+) -> None:
+    tp = TopicPartition("out", 0)
+    records = {tp: [PendingRecord(b"k", b"value", 5, 9)]}
+    data = txn_module.Journal(9, None, {}, records, {tp: 0}).encode()
+    path = bus.root / "transactions" / "p.1.journal"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data[:cut] if cut < 0 else data + b"x")
+    with pytest.raises(BusError, match=r"p\.1\.journal: transaction journal of \d+ bytes where its header accounts"):
+        EmbeddedBus(bus.config)
+    path.unlink()  # moved aside, as the error says: the bus opens without that transaction
+    assert values(EmbeddedBus(bus.config), "out") == []
