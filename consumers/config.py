@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from consumers.groups import GroupBy
 from consumers.samples import SampleBuilderConfig
 from consumers.start import ConsumerStart
+from orchard.logging import get_logger
+
+log = get_logger("consumers.config")
 
 
 class _Strict(BaseModel):
@@ -28,6 +31,13 @@ class RuntimeConfig(_Strict):
     restore_idle_polls: int | None = Field(
         None, ge=1, description="Deprecated and ignored: a restore no longer ends on empty polls (restore_stall_s)."
     )
+
+    @model_validator(mode="after")
+    def _warn_deprecated(self) -> RuntimeConfig:
+        if self.restore_idle_polls is not None:
+            log.warning("consumers.runtime.restore_idle_polls is deprecated and ignored: a state restore reads to "
+                        "the end offsets and stops only after restore_stall_s without progress")  # fmt: skip
+        return self
     start: ConsumerStart = Field(
         "earliest",
         description="Where a consumer group with no committed offset starts: 'earliest', 'latest', 'stage' (the "

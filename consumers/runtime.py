@@ -42,7 +42,7 @@ from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, Transac
 from orchard.bus.base import StartPosition
 from orchard.bus.dead_letter import LETTER_OVERHEAD_BYTES
 from orchard.bus.exceptions import BusError, MemberFencedError, TransactionPendingError
-from orchard.bus.reading import reached, read_until_quiet
+from orchard.bus.reading import reached
 from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.exceptions import OrchardError
@@ -242,8 +242,9 @@ def read_topic(
     The read ends when the consumer's position reaches ``end`` in every partition. On Kafka the end offsets a bus
     reports are the last stable offsets, and a read_committed consumer's position moves past transaction markers and
     aborted records, so it always gets there; a first fetch can take seconds on a busy broker or after a rebalance,
-    and giving up on a few empty polls then would end a state restore short and drop live state. A read that makes
-    no progress for ``stall_s`` seconds raises ``TopicReadError`` instead of returning less than asked for."""
+    and giving up on a few empty polls then would end a state restore short and drop live state. A read whose
+    position does not move for ``stall_s`` seconds raises ``TopicReadError`` instead of returning less than asked
+    for (position, not records: a long run of aborted records moves it without a record)."""
     info = bus.describe_topic(topic)
     first = {p: max(info.start_offsets.get(p, 0), (start or {}).get(p, 0)) for p in range(info.partitions)}
     last = {p: min(info.end_offsets.get(p, 0), (end or info.end_offsets).get(p, 0)) for p in range(info.partitions)}
@@ -255,19 +256,22 @@ def read_topic(
             # a partition with nothing to read starts at its end: fetching it from its start would read it all
             consumer.seek(TopicPartition(topic, p), offset if offset < last[p] else info.end_offsets.get(p, 0))
         until = {TopicPartition(topic, p): last[p] for p in last if first[p] < last[p]}
-        records = read_until_quiet(consumer, max_records=2000, poll_timeout_s=poll_timeout_s, quiet_s=stall_s,
-                                   until=until)  # fmt: skip
-        for record in records:
-            if first[record.partition] <= record.offset < last[record.partition]:
-                yield record
         positions = consumer.position()
-        if not reached(positions, until):
-            short = {tp.partition: (positions.get(tp), offset) for tp, offset in until.items()
-                     if positions.get(tp, -1) < offset}  # fmt: skip
-            raise TopicReadError(
-                f"reading {topic} made no progress for {stall_s:g}s short of its end (partition: (position, end) "
-                f"{short}); stopped instead of returning part of it"
-            )
+        moved = time.monotonic()
+        while not reached(positions, until):
+            for record in consumer.poll(max_records=2000, timeout_s=poll_timeout_s):
+                if first[record.partition] <= record.offset < last[record.partition]:
+                    yield record
+            now, before, positions = time.monotonic(), positions, consumer.position()
+            if positions != before:
+                moved = now
+            elif now - moved > stall_s:
+                short = {tp.partition: (positions.get(tp), offset) for tp, offset in until.items()
+                         if positions.get(tp, -1) < offset}  # fmt: skip
+                raise TopicReadError(
+                    f"reading {topic} made no progress for {stall_s:g}s short of its end (partition: (position, "
+                    f"end) {short}); stopped instead of returning part of it"
+                )
     finally:
         consumer.close()
 
