@@ -191,12 +191,17 @@ def _shell_word(arg: ShellArg) -> str:
 
 
 def shell_command(
-    argv: Sequence[ShellArg], exports: Mapping[str, ShellArg] | None = None, setup: Sequence[str] = ()
+    argv: Sequence[ShellArg],
+    exports: Mapping[str, ShellArg] | None = None,
+    setup: Sequence[str] = (),
+    after: Sequence[str] = (),
 ) -> list[str]:
     """``/bin/sh -c 'SETUP...; export K=V...; exec ARGV'``: literal arguments quoted, state paths expanded in the
-    sandbox; ``setup`` lines are shell code run first (each must exit the shell itself when it fails)."""
+    sandbox; ``setup`` lines are shell code run first (each must exit the shell itself when it fails). With
+    ``after``, ARGV is not exec'd: those lines run once it exits, ``$?`` still its exit status."""
     lines = [*setup, *(f"export {key}={_shell_word(value)}" for key, value in (exports or {}).items())]
-    lines.append("exec " + " ".join(_shell_word(arg) for arg in argv))
+    program = " ".join(_shell_word(arg) for arg in argv)
+    lines += [program, *after] if after else ["exec " + program]
     return ["/bin/sh", "-c", "; ".join(lines)]
 
 
@@ -279,21 +284,64 @@ _STATE_THEN_DIFF = (
 
 
 def read_state_file_and_changes(
-    sandbox: Sandbox, harness: str, relpath: str, workdir: str
+    sandbox: Sandbox, harness: str, relpath: str, workdir: str, collected: Collected | None = None
 ) -> tuple[str | None, str, list[str]]:
     """``read_state_file`` and ``collect_changes`` in one sandbox exec instead of two (each exec starts a sandboxed
     process, and every episode pays for it): the state file's text (None if absent; a text file without NUL bytes,
-    such as a JSONL trajectory), the patch and the paths it touches. When the exec fails, or prints what the two would
-    not parse (say, output cut at the runtime's limit), they run the two-exec way and answer, or fail, as they do."""
-    argv = ["/bin/sh", "-c", _STATE_THEN_DIFF, "orchard-collect", f"{harness}/{relpath}", workdir]
-    result = sandbox.exec(argv, timeout_s=COLLECT_TIMEOUT_S)
-    marker = next((m for m in _STATE_MARKERS if m in result.stdout), "")
-    text, _, rest = result.stdout.partition(marker) if marker else ("", "", "")
-    diffed = result.exit_code == _NOT_A_REPOSITORY or (result.exit_code == 0 and _PATCH_MARKER in rest)
+    such as a JSONL trajectory), the patch and the paths it touches. ``collected``: what the harness's own command
+    printed after the agent (``collect_after_agent``), read instead of running the exec. When the exec fails, or
+    prints what the two would not parse (say, output cut at the runtime's limit), they run the two-exec way and
+    answer, or fail, as they do."""
+    if collected is None:
+        argv = ["/bin/sh", "-c", _STATE_THEN_DIFF, "orchard-collect", f"{harness}/{relpath}", workdir]
+        result = sandbox.exec(argv, timeout_s=COLLECT_TIMEOUT_S)
+        collected = Collected(result.stdout, result.exit_code, result.stderr)
+    marker = next((m for m in _STATE_MARKERS if m in collected.stdout), "")
+    text, _, rest = collected.stdout.partition(marker) if marker else ("", "", "")
+    diffed = collected.exit_code == _NOT_A_REPOSITORY or (collected.exit_code == 0 and _PATCH_MARKER in rest)
     if not (marker and diffed):
         return read_state_file(sandbox, harness, relpath), *collect_changes(sandbox, workdir)
     state = text if marker == _STATE_MARKERS[0] else None
-    return state, *_changes(sandbox, workdir, result.exit_code, rest, result.stderr)
+    return state, *_changes(sandbox, workdir, collected.exit_code, rest, collected.stderr)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What ``_STATE_THEN_DIFF`` printed and its exit status, from an exec of its own or the harness's command."""
+
+    stdout: str
+    exit_code: int | None
+    stderr: str
+
+
+_COLLECT_MARKER = "\0ORCHARD-COLLECT\0"
+_COLLECTED = re.compile("\0ORCHARD-COLLECTED (\\d+)\0\\Z")
+
+
+def collect_after_agent(harness: str, relpath: str) -> list[str]:
+    """``shell_command``'s ``after`` lines that run ``read_state_file_and_changes``'s script at the end of the
+    harness's own command (its working directory is the working copy's root), so an episode needs no collect exec:
+    a marker, the script's output, its exit status, then the agent's exit status as the command's. Use it only
+    where the command runs in the working copy's root (``HarnessTask.workdir`` "."); ``split_collected`` reads it."""
+    script = shlex.quote(_STATE_THEN_DIFF)
+    return [
+        "s=$?",
+        "printf '\\0ORCHARD-COLLECT\\0'",
+        f"/bin/sh -c {script} orchard-collect {shlex.quote(f'{harness}/{relpath}')} .",
+        "printf '\\0ORCHARD-COLLECTED %d\\0' $?",
+        "exit $s",
+    ]
+
+
+def split_collected(stdout: str, stderr: str) -> tuple[str, Collected | None]:
+    """The agent's own stdout and what ``collect_after_agent`` printed after it (None when it did not run to its
+    end: the command was killed at its deadline, or the output was cut at the runtime's limit). The last marker
+    counts: the agent's output before it may hold anything."""
+    head, marker, tail = stdout.rpartition(_COLLECT_MARKER)
+    status = _COLLECTED.search(tail) if marker else None
+    if status is None:
+        return stdout, None
+    return head, Collected(tail[: status.start()], int(status.group(1)), stderr)
 
 
 def find_npm_harness(command: str, env_var: str, project_install: Path, install_hint: str) -> str:
@@ -339,6 +387,13 @@ class HarnessAdapter(ABC):
     @abstractmethod
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
         """Read back trajectory files, the patch and logs once the command has exited."""
+
+    def collect_run(
+        self, sandbox: Sandbox, task: HarnessTask, stdout: str, stderr: str
+    ) -> tuple[str, HarnessArtifacts]:
+        """The command's own stdout (for the logs) and the artifacts, given what the command printed: ``collect``
+        unless the adapter's command collects them itself (``collect_after_agent``)."""
+        return stdout, self.collect(sandbox, task)
 
     def exec_timeout_s(self, task: HarnessTask) -> float:
         """When the sandbox kills the command: the task's limit plus a grace period to save the trajectory."""
@@ -427,12 +482,13 @@ def run_harness(
     ran = time.perf_counter()
     if on_phase is not None:
         on_phase("harness-ran")
+    stdout = result.stdout
     try:
-        artifacts = adapter.collect(sandbox, task)
+        stdout, artifacts = adapter.collect_run(sandbox, task, result.stdout, result.stderr)
     except Exception as exc:  # noqa: BLE001 - what the agent left must not decide whether the episode is graded
         bound.warning("harness_collect_failed", error=repr(exc)[:500])
         artifacts = HarnessArtifacts(harness=adapter.name, logs={"collect_error": repr(exc)[:2000]})
-    logs = {"stdout": result.stdout, "stderr": result.stderr, **artifacts.logs}
+    logs = {"stdout": stdout, "stderr": result.stderr, **artifacts.logs}
     artifacts = artifacts.model_copy(update={"logs": logs})
     bound.info(
         "harness_finished",

@@ -5,8 +5,10 @@ Files in the sandbox (``~/.orchard/harness/builtin/``): ``builtin_agent.py`` (th
 process's own ``orchard``), ``task.md`` (the instruction) and ``trajectory.jsonl`` (what the agent writes). The proxy
 token reaches the agent as ``OPENAI_API_KEY``. Every episode pays for each sandbox exec (a sandboxed process start),
 so the agent's own command writes both files before it starts the agent (the task text as an argument, the source on
-stdin; ``prepare`` writes them in execs of their own only when the text is too long for an argument), and
-``collect`` reads the trajectory and the working copy's changes in one exec.
+stdin; ``prepare`` writes them in execs of their own only when the text is too long for an argument), and once the
+agent exits the same command prints the trajectory and the working copy's changes (``collect_after_agent``), so an
+episode costs one exec; ``collect`` reads them in an exec of its own only where that output did not come (the
+command killed at its deadline, output cut at the runtime's limit, a task whose workdir is not the root).
 
 The agent runs as ``python -I -S -u ~/.orchard/harness/builtin/builtin_agent.py``: isolated mode ignores every
 ``PYTHON*`` variable (a ``PYTHONPATH`` or ``PYTHONHOME`` meant for someone else), the user's site-packages, and the
@@ -30,14 +32,17 @@ from typing import Any, ClassVar
 from orchard.harnesses.base import (
     SETUP_TIMEOUT_S,
     STATE_DIR,
+    Collected,
     HarnessAdapter,
     HarnessArtifacts,
     HarnessSetupError,
     HarnessTask,
     ModelEndpoint,
     ShellArg,
+    collect_after_agent,
     read_state_file_and_changes,
     shell_command,
+    split_collected,
     write_state_file,
 )
 from orchard.harnesses.json_lines import json_objects
@@ -163,10 +168,11 @@ class BuiltinAgentAdapter(HarnessAdapter):
             argv += ["--max-tokens", str(self.max_tokens)]
         if self.extra_body:
             argv += ["--extra-body", json.dumps(self.extra_body)]
+        after = collect_after_agent(self.name, TRAJECTORY_FILE) if _collects_in_command(task) else []
         if self.package is not None:
-            return shell_command(argv, exports={"PYTHONPATH": self.state(SRC)})
+            return shell_command(argv, exports={"PYTHONPATH": self.state(SRC)}, after=after)
         setup = [_write_both(self.name, shlex.quote(task.instruction))] if self._command_writes_files(task) else []
-        return shell_command(argv, setup=setup)
+        return shell_command(argv, setup=setup, after=after)
 
     def agent_options(self) -> list[str]:
         """The agent's own options, besides those every agent run this way takes: the built-in agent's (and the
@@ -183,7 +189,20 @@ class BuiltinAgentAdapter(HarnessAdapter):
 
     def collect(self, sandbox: Sandbox, task: HarnessTask) -> HarnessArtifacts:
         """The trajectory JSONL, its ``end`` record's status and submission, and the working copy's patch (one exec)."""
-        text, patch, changed = read_state_file_and_changes(sandbox, self.name, TRAJECTORY_FILE, task.workdir)
+        return self._artifacts(sandbox, task)
+
+    def collect_run(
+        self, sandbox: Sandbox, task: HarnessTask, stdout: str, stderr: str
+    ) -> tuple[str, HarnessArtifacts]:
+        """What ``collect`` reads, from the end of the command's own output when it printed it there (no exec);
+        ``collect``'s exec when it did not (killed at its deadline, output cut at the runtime's limit)."""
+        if type(self).collect is not BuiltinAgentAdapter.collect:  # a subclass collects its own way
+            return stdout, self.collect(sandbox, task)
+        own, collected = split_collected(stdout, stderr) if _collects_in_command(task) else (stdout, None)
+        return own, self._artifacts(sandbox, task, collected)
+
+    def _artifacts(self, sandbox: Sandbox, task: HarnessTask, collected: Collected | None = None) -> HarnessArtifacts:
+        text, patch, changed = read_state_file_and_changes(sandbox, self.name, TRAJECTORY_FILE, task.workdir, collected)
         end = _last_end_record(text or "")
         return HarnessArtifacts(
             harness=self.name,
@@ -193,6 +212,12 @@ class BuiltinAgentAdapter(HarnessAdapter):
             patch=patch,
             changed_files=changed,
         )
+
+
+def _collects_in_command(task: HarnessTask) -> bool:
+    """Whether the command reads the trajectory and the patch itself once the agent exits (``collect_after_agent``):
+    one sandboxed exec fewer per episode, where it runs in the working copy's root as that exec would."""
+    return task.workdir in (".", "")
 
 
 def _write_both(harness: str, instruction: str) -> str:

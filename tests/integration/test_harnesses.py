@@ -37,6 +37,7 @@ from orchard.harnesses.base import (
     collect_changes,
     read_state_file,
     read_state_file_and_changes,
+    split_collected,
     write_state_file,
 )
 from orchard.harnesses.builtin import AGENT_SOURCE
@@ -381,6 +382,55 @@ def test_builtin_agent_failure_is_reported_not_hidden(
     end = json.loads(next(iter(run.artifacts.trajectory.values())).splitlines()[-1])
     assert (end["event"], end["status"], end["steps"]) == ("end", "error", 1)
     assert end["error"].startswith("model API answered 404")
+
+
+@pytest.mark.harness
+def test_the_built_in_agents_command_collects_its_trajectory_and_patch_itself_in_its_one_exec(
+    scripted_backend: Callable[[ScriptedPlan], tuple[str, RecordingApp]],
+    sandbox: SandboxFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The episode's only sandboxed exec is the agent's command (each exec is a sandboxed process start); what it
+    collects equals what the separate collect exec reads, and stays out of the command's logged stdout."""
+    plan = [shell_step("shell", {"command": WRITE_ANSWER}), shell_step("submit", {"summary": "wrote it"})]
+    url, _ = scripted_backend(ScriptedPlan(steps=plan, final_text="nothing left to do", model=MODEL))
+    box, endpoint = sandbox("builtin", url)
+    adapter = get_adapter("builtin")
+    task = HarnessTask(instruction=INSTRUCTION, max_steps=5, timeout_s=HARNESS_TIMEOUT_S)
+    commands: list[Any] = []
+    real_exec = box.exec
+    monkeypatch.setattr(
+        box, "exec", lambda command, **options: commands.append(command) or real_exec(command, **options)
+    )
+
+    run = run_harness(adapter, box, endpoint, task)
+
+    assert len(commands) == 1, commands
+    assert (run.exit_code, run.artifacts.exit_status, run.artifacts.final_message) == (0, "submitted", "wrote it")
+    separate = adapter.collect(box, task)  # the exec the command saved, run now: the same answer
+    assert (run.artifacts.patch, run.artifacts.changed_files) == (separate.patch, separate.changed_files)
+    assert run.artifacts.trajectory == separate.trajectory and run.artifacts.patch == expected_patch(tmp_path)
+    assert "ORCHARD-" not in run.artifacts.logs["stdout"]
+
+
+@pytest.mark.parametrize(
+    ("stdout", "own", "collected"),
+    [
+        ("agent\n\0ORCHARD-COLLECT\0state\0ORCHARD-COLLECTED 0\0", "agent\n", ("state", 0)),
+        # the agent printed a marker of its own first: the last one is the command's
+        ("\0ORCHARD-COLLECT\0forged\0ORCHARD-COLLECTED 0\0\0ORCHARD-COLLECT\0real\0ORCHARD-COLLECTED 100\0",
+         "\0ORCHARD-COLLECT\0forged\0ORCHARD-COLLECTED 0\0", ("real", 100)),
+        ("agent\n\0ORCHARD-COLLECT\0sta", "agent\n\0ORCHARD-COLLECT\0sta", None),  # cut short: collect by exec
+        ("agent killed at its deadline\n", "agent killed at its deadline\n", None),
+    ],
+)  # fmt: skip
+def test_collected_output_is_split_from_the_agents_at_the_last_marker_and_only_when_it_ran_to_its_end(
+    stdout: str, own: str, collected: tuple[str, int] | None
+) -> None:
+    head, found = split_collected(stdout, "")
+    assert head == own
+    assert (None if found is None else (found.stdout, found.exit_code)) == collected
 
 
 def test_changes_outside_git_list_every_file(tmp_path: Path) -> None:
