@@ -22,7 +22,9 @@ def test_the_claw_agent_runs_from_the_shipped_modules_with_the_token_in_its_envi
     assert isinstance(adapter, ClawAgentAdapter)
     shell, flag, script = adapter.command(ENDPOINT, TASK)
     assert (shell, flag) == ("/bin/sh", "-c")
-    assert script.startswith('export PYTHONPATH="${HOME:?}"/.orchard/harness/claw/src; exec /venv/bin/python -P -m ')
+    # the agent runs, then the same command prints its trajectory and patch (no collect exec), and exits as it did
+    assert script.startswith('export PYTHONPATH="${HOME:?}"/.orchard/harness/claw/src; /venv/bin/python -P -m ')
+    assert "orchard-collect claw/trajectory.jsonl ." in script and script.endswith("; exit $s")
     assert "recipes.claw.agent" in script and "--max-steps 12" in script and "--temperature 0.5" in script
     assert "tok-secret" not in script
     assert adapter.environment(ENDPOINT, TASK)["OPENAI_API_KEY"] == "tok-secret"

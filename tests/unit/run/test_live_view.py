@@ -173,8 +173,9 @@ def test_completed_stages_are_one_line_each_and_the_running_stage_lists_its_comp
     stage_lines = [line for line in lines if re.match(r" [✓▸·] ", line)]
     assert [line.split()[2] for line in stage_lines[:8]] == ["setup", "demos", "sft-successful",
         "eval-sft-successful", "credit-samples", "credit-sft", "eval-credit-sft", "rl-bar"]  # fmt: skip
-    assert " ✓  2 demos               0:03:20  5 components: 4 stopped, 1 exited" in lines
-    assert not any(line.strip().startswith(("expert ", "builder-sft ")) for line in lines)  # folded into "demos"
+    assert " ✓  2 demos               0:03:20  6 components: 5 stopped, 1 exited" in lines
+    folded = ("expert ", "builder-sft ", "step-reward-demos ")  # in "demos"
+    assert not any(line.strip().startswith(folded) for line in lines)
     rows = [line.split()[:2] for line in lines if line.startswith("      ")]
     assert rows == [["policy-proxy", "healthy"], ["rl-env", "healthy"], ["rollout-rl", "healthy"],
                     ["builder-rl", "healthy"], ["trainer-rl", "healthy"]]  # fmt: skip
