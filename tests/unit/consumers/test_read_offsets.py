@@ -44,11 +44,7 @@ def test_a_held_record_that_does_not_come_back_is_read_again_then_raises_instead
         return found
 
     with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
-        bus.create_topic("in", 1)
-        producer = bus.producer()
-        for offset in range(10):
-            producer.produce("in", f"{offset}".encode(), partition=0)
-        producer.flush()
+        _fill(bus, "in", [range(10)])
         monkeypatch.setattr(runtime, "_read_offsets_once", dropping)
         with pytest.raises(StateRestoreError, match=r"1 records in still holds .*\(0, 5\)"):
             read_offsets(bus, "in", {0: [2, 5]}, poll_timeout_s=0.05)
@@ -56,6 +52,16 @@ def test_a_held_record_that_does_not_come_back_is_read_again_then_raises_instead
         monkeypatch.setattr(runtime, "_read_offsets_once", once)
         found = read_offsets(bus, "in", {0: [2, 5, 12]}, poll_timeout_s=0.05)  # 12: past the end
         assert found == {(0, 2): b"2", (0, 5): b"5"}
+
+
+def _fill(bus: Bus, topic: str, values: list[range]) -> None:
+    """Create ``topic`` with one partition per entry of ``values`` and write each number there as text."""
+    bus.create_topic(topic, len(values))
+    producer = bus.producer()
+    for partition, numbers in enumerate(values):
+        for number in numbers:
+            producer.produce(topic, f"{number}".encode(), partition=partition)
+    producer.flush()
 
 
 class _SlowFirstFetch:
@@ -89,11 +95,7 @@ def _slow_bus(bus: Bus, empty: int) -> Bus:
 
 def test_a_read_outwaits_a_slow_first_fetch_instead_of_returning_part_of_the_topic(tmp_path: Path) -> None:
     with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
-        bus.create_topic("changelog", 2)
-        producer = bus.producer()
-        for offset in range(30):
-            producer.produce("changelog", f"{offset}".encode(), partition=offset % 2)
-        producer.flush()
+        _fill(bus, "changelog", [range(0, 30, 2), range(1, 30, 2)])
         slow = _slow_bus(bus, empty=8)  # 8 empty polls: the old rule gave up after 3
         records = list(read_topic(slow, "changelog", poll_timeout_s=0.01))
         assert sorted(int(r.value) for r in records) == list(range(30))
@@ -103,11 +105,7 @@ def test_a_read_outwaits_a_slow_first_fetch_instead_of_returning_part_of_the_top
 
 def test_a_read_that_makes_no_progress_raises_instead_of_returning_part_of_the_topic(tmp_path: Path) -> None:
     with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
-        bus.create_topic("changelog", 1)
-        producer = bus.producer()
-        for offset in range(5):
-            producer.produce("changelog", f"{offset}".encode(), partition=0)
-        producer.flush()
+        _fill(bus, "changelog", [range(5)])
         stalled = _slow_bus(bus, empty=10_000)
         started = time.monotonic()
         with pytest.raises(TopicReadError, match=r"changelog made no progress for 0.2s .*\{0: \(0, 5\)\}"):
