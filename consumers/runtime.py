@@ -55,6 +55,7 @@ DEFAULT_LETTER_LIMIT = 1_000_000  # without a producer to ask: Kafka's default r
 FENCED_AGAIN_S = 60.0  # a member fenced twice within this: another instance uses its id
 READ_STALL_S = 30.0  # a topic read with no progress this long gives up (Kafka's first fetch can take seconds)
 READ_GAP = 1000  # reading back referenced inputs: records between two wanted ones read through rather than seeking
+COMMITTED_TIMEOUT_S = 1.0  # an idle check asking where the group left a partition: a held offset does not answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,14 +447,18 @@ class ConsumerRuntime:
                       outputs=list(self.processor.output_topics), start=self.start)  # fmt: skip
         idle_since = time.monotonic()
         while not self._stop:
-            idle_since = self._session(partitions, idle_exit_s, idle_since)
-            if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+            idle_since, idle = self._session(partitions, idle_exit_s, idle_since)
+            if idle:
                 break
         self.log.info("consumer stopped", **self._progress_fields())
         return self.stats
 
-    def _session(self, partitions: int, idle_exit_s: float | None, idle_since: float) -> float:
-        """One producer + consumer lifetime; returns when stopped, idle, or a transaction could not commit."""
+    def _session(self, partitions: int, idle_exit_s: float | None, idle_since: float) -> tuple[float, bool]:
+        """One producer + consumer lifetime; returns when stopped, idle (True), or a transaction could not commit.
+
+        Idle means no record for ``idle_exit_s`` and every assigned partition read to its end: a partition taken
+        over from a member killed mid-transaction has no readable position until the broker aborts that
+        transaction (``transaction_timeout_s`` on Kafka), and its records are still to come."""
         transactional_id = f"{self.group}.{self.instance_id}"
         producer = self.bus.transactional_producer(transactional_id)
         inputs = [self.physical(t) for t in self.processor.input_topics]
@@ -472,31 +477,33 @@ class ConsumerRuntime:
                     batch = consumer.poll(self.config.max_poll_records, self.config.poll_timeout_s)
                 except MemberFencedError as exc:
                     self._note_fenced(exc)
-                    return idle_since
+                    return idle_since, False
                 assignment = set(consumer.assignment())
                 if assignment != restored_for:
                     self._restore(state, assignment)
                     restored_for = assignment
                 for record in batch:
                     driver.handle(record)
+                caught_up = not batch and self._caught_up(consumer)
                 if batch:
                     self._now = max(self._now, driver.stream_time_ms)
-                elif self._caught_up(consumer):
+                elif caught_up:
                     self._now = max(self._now, self.clock())
                 driver.punctuate(self._now)
                 if not self._commit(producer, consumer, driver, state, bool(batch)):
-                    return idle_since
+                    return idle_since, False
                 if batch:
                     idle_since = time.monotonic()
-                elif idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
-                    return idle_since
+                elif (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s
+                      and (caught_up or not assignment)):  # fmt: skip
+                    return idle_since, True
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + self.config.progress_interval_s
                     self.log.info("progress", state_keys=len(state._committed), **self._progress_fields())
         finally:
             consumer.close()
             producer.close()
-        return idle_since
+        return idle_since, False
 
     def _note_fenced(self, exc: MemberFencedError) -> None:
         """A member that fenced itself starts a fresh session (state restored, from the committed offsets):
@@ -529,6 +536,16 @@ class ConsumerRuntime:
                 ends.update({TopicPartition(topic, p): end for p, end in info.end_offsets.items()})
         except OrchardError:
             return False
+        unfetched = [tp for tp in assignment if tp not in positions and ends.get(tp, 0) > 0]
+        if unfetched:
+            # nothing fetched from them yet: where the group left them says. A committed offset that cannot be
+            # read in time is held by an open transaction (a killed member's, until the broker aborts it): its
+            # records are still to come.
+            try:
+                committed = consumer.committed(timeout_s=COMMITTED_TIMEOUT_S)
+            except OrchardError:
+                return False
+            positions = {**positions, **{tp: committed[tp] for tp in unfetched if tp in committed}}
         return all(positions.get(tp, 0) >= ends.get(tp, 0) - 1 for tp in assignment)
 
     def _restore(self, state: ChangelogStateStore, assignment: set[TopicPartition]) -> None:

@@ -154,6 +154,14 @@ class KafkaBusConfig(_Strict):
     )
     retry_backoff_s: float = Field(0.2, gt=0, description="First pause between retries; doubles on each retry.")
     retry_backoff_max_s: float = Field(5.0, gt=0, description="Longest pause between retries.")
+    transaction_timeout_s: float = Field(
+        30.0,
+        ge=1,
+        le=900,
+        description="How long the broker keeps a transaction open without its producer before aborting it: a "
+        "consumer killed mid-transaction holds back its partitions' next owner (and read_committed readers of its "
+        "outputs) this long. A transaction that takes longer is aborted and its batch retried.",
+    )
     client_options: dict[str, str] = Field(
         default_factory=dict, description="Extra librdkafka options, e.g. security settings."
     )

@@ -167,8 +167,10 @@ class Consumer(ABC):
         """The next offset to be returned, per assigned partition."""
 
     @abstractmethod
-    def committed(self) -> dict[TopicPartition, int]:
-        """The group's committed offsets of the assigned partitions (absent: nothing committed)."""
+    def committed(self, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        """The group's committed offsets of the assigned partitions (absent: nothing committed). With
+        ``timeout_s``: one try, and ``BusError`` when the answer takes longer (on Kafka, while an open transaction
+        of a dead member holds an offset back); without: retried like any request."""
 
     @abstractmethod
     def assignment(self) -> list[TopicPartition]:

@@ -29,6 +29,7 @@ from consumers.samples import SampleBuilderConfig
 from consumers.synthetic import SyntheticEpisode, interleaved, synthetic_episode
 from orchard.bus import Bus
 from orchard.codec import Codec
+from orchard.bus.kafka import KafkaBus
 from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
 
 CODEC = Codec.default()
@@ -202,3 +203,60 @@ def test_killed_mid_stream_a_downstream_consumer_emits_exactly_what_an_uninterru
     assert process.wait(timeout=240) == 0, final.read_text()[-3000:]
     assert _outputs(bus, f"{crashed}.{output}") == expected
     assert events(final, "consumer stopped")[0]["records_in"] > 0, "the kills came after all input was processed"
+
+
+# A group member that dies inside a transaction holding the group's offset of one partition: it joins, reads one
+# record, sends its offset in a transaction, leaves the group and kills itself before committing.
+DEAD_IN_TRANSACTION = """
+import os, signal, sys
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+bootstrap, topic, group, timeout_ms = sys.argv[1:5]
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+consumer.subscribe([topic])
+message = None
+while message is None or message.error():
+    message = consumer.poll(1.0)
+producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": group + ".dead",
+                     "transaction.timeout.ms": int(timeout_ms)})
+producer.init_transactions(30)
+producer.begin_transaction()
+producer.send_offsets_to_transaction([TopicPartition(topic, message.partition(), message.offset() + 1)],
+                                     consumer.consumer_group_metadata(), 30)
+consumer.close()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_member_killed_inside_a_transaction_is_outwaited_not_taken_for_idle(
+    kafka_bootstrap: str, unique_name: Callable[[str], str]
+) -> None:
+    """Its partition's offset stays held (the next owner cannot fetch it) until the broker aborts the transaction;
+    a member that took that for idleness would exit with the partition unread."""
+    bus = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
+    namespace = unique_name("held")
+    episodes = [synthetic_episode(f"h-{i}", calls=3, seed=i, first_prompt_tokens=50) for i in range(24)]
+    for topic in ("model-calls", "outcomes"):
+        bus.create_topic(f"{namespace}.{topic}", 4)
+    producer = bus.producer()
+    for record in interleaved(episodes, window=10):
+        producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
+    producer.flush()
+    producer.close()
+    runtime = ConsumerRuntime(bus, TrajectoryAssembler(), namespace=namespace, instance_id="next",
+                              config=RuntimeConfig(poll_timeout_s=0.2))  # fmt: skip
+    dead = subprocess.run([sys.executable, "-c", DEAD_IN_TRANSACTION, kafka_bootstrap,
+                           f"{namespace}.model-calls", runtime.group, "8000"], timeout=90)  # fmt: skip
+    assert dead.returncode == -signal.SIGKILL
+
+    started = time.monotonic()
+    stats = runtime.run(idle_exit_s=3.0)
+    records = [CODEC.decode(r.value).record for r in read_topic(bus, f"{namespace}.trajectories", poll_timeout_s=0.3)]
+    assert sorted(r["episode_id"] for r in records) == sorted(e.episode_id for e in episodes)
+    assert all(r["complete"] for r in records)
+    assert stats.records_in == sum(len(e.calls) + 1 for e in episodes)
+    assert time.monotonic() - started >= 8.0 - 1, "the held offset was readable at once: nothing was tested"
+    bus.close()

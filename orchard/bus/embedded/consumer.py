@@ -147,8 +147,9 @@ class EmbeddedConsumer(Consumer):
         """Next offsets to read."""
         return dict(self._positions)
 
-    def committed(self) -> dict[TopicPartition, int]:
-        """Committed offsets of the assigned partitions."""
+    def committed(self, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        """Committed offsets of the assigned partitions (read from disk at once: ``timeout_s`` has nothing to
+        bound)."""
         if self._offsets is None:
             return {}
         stored = self._offsets.read()

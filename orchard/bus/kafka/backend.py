@@ -239,7 +239,12 @@ class KafkaBus(Bus):
     def init_transactional(self, transactional_id: str) -> RawProducer:
         """A raw producer with ``transactional_id``, its transactions initialised (retried while the transaction
         coordinator is unreachable or moving)."""
-        raw = RawProducer({**self._producer_conf(), "transactional.id": transactional_id})
+        raw = RawProducer({
+            **self._producer_conf(),
+            "transactional.id": transactional_id,
+            # librdkafka's default is 60 s: a dead member's open transaction would block its successor that long
+            "transaction.timeout.ms": round(self.config.transaction_timeout_s * 1000),
+        })  # fmt: skip
         try:
             self.retry.call(
                 f"initialise transactions for {transactional_id!r}",

@@ -208,15 +208,19 @@ class KafkaConsumer(Consumer):
         fetched = {tp: offset for tp, offset in assigned.items() if offset >= 0}
         return {**{tp: o for tp, o in self._assigned.items() if tp in assigned}, **fetched}
 
-    def committed(self) -> dict[TopicPartition, int]:
-        """Offsets committed by the group for the assigned partitions."""
+    def committed(self, timeout_s: float | None = None) -> dict[TopicPartition, int]:
+        """Offsets committed by the group for the assigned partitions; with ``timeout_s`` one try (a read_committed
+        member's offset fetch waits while a transaction holds an offset, so a dead member's hangs until the broker
+        aborts it), raising ``BusError`` when it takes longer."""
         if self.group is None:
             return {}
         raw = self._consumer()
-        parts = self.bus.request(
-            f"read the committed offsets of group {self.group!r}",
-            lambda: raw.committed(raw.assignment(), timeout=self.bus.timeout_s),
-        )
+        doing = f"read the committed offsets of group {self.group!r}"
+        if timeout_s is not None:
+            with kafka_errors(doing):
+                parts = raw.committed(raw.assignment(), timeout=timeout_s)
+        else:
+            parts = self.bus.request(doing, lambda: raw.committed(raw.assignment(), timeout=self.bus.timeout_s))
         return {TopicPartition(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
     def assignment(self) -> list[TopicPartition]:
