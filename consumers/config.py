@@ -25,8 +25,10 @@ class RuntimeConfig(_Strict):
     )
     progress_interval_s: float = Field(10.0, gt=0, description="Seconds between progress log lines.")
     restore_stall_s: float = Field(
-        30.0, gt=0, description="A state restore that reads nothing new for this long stops the consumer with an "
-        "error (it reads its changelog and referenced inputs to their ends, never less)."
+        30.0,
+        gt=0,
+        description="A state restore that reads nothing new for this long stops the consumer with an "
+        "error (it reads its changelog and referenced inputs to their ends, never less).",
     )
     restore_idle_polls: int | None = Field(
         None, ge=1, description="Deprecated and ignored: a restore no longer ends on empty polls (restore_stall_s)."
@@ -38,6 +40,7 @@ class RuntimeConfig(_Strict):
             log.warning("consumers.runtime.restore_idle_polls is deprecated and ignored: a state restore reads to "
                         "the end offsets and stops only after restore_stall_s without progress")  # fmt: skip
         return self
+
     start: ConsumerStart = Field(
         "earliest",
         description="Where a consumer group with no committed offset starts: 'earliest', 'latest', 'stage' (the "

@@ -282,7 +282,11 @@ class TopicReadError(BusError):
 
 
 def read_offsets(
-    bus: Bus, topic: str, offsets: Mapping[int, Iterable[int]], *, poll_timeout_s: float = 0.5,
+    bus: Bus,
+    topic: str,
+    offsets: Mapping[int, Iterable[int]],
+    *,
+    poll_timeout_s: float = 0.5,
     stall_s: float = READ_STALL_S,
 ) -> dict[tuple[int, int], bytes]:
     """The values of the records of ``topic`` at ``offsets`` (per partition), keyed by (partition, offset); records

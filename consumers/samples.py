@@ -109,8 +109,9 @@ class SampleBuilderConfig(BaseModel):
         "carry it is done once that many have come.",
     )
     dense_baseline: DenseBaseline = Field(
-        "none", description="'call_index': subtract from each call-level dense score the mean of the other group "
-        "members' scores at the same call index (consumers.advantages); 'none': add the scores as they are."
+        "none",
+        description="'call_index': subtract from each call-level dense score the mean of the other group "
+        "members' scores at the same call index (consumers.advantages); 'none': add the scores as they are.",
     )
     outcome_weight: float = Field(1.0, description="Weight of the group-relative outcome advantage.")
     advantage_eps: float = Field(1e-6, gt=0, description="eps in (r - mean) / (std + eps).")

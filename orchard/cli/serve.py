@@ -164,8 +164,10 @@ def env_serve(
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1.0, help="Wall-clock limit per episode, seconds."),
     sandboxes: Path = typer.Option(Path(".orchard/sandboxes"), "--sandboxes", help="Local runtime root."),
     hide: list[Path] = typer.Option(
-        [], "--hide", help="Another directory sandboxes must never see (repeatable; sandboxes see an allow-list of "
-        "the machine, and a share that would show it is refused), e.g. a suite's reference fixes."
+        [],
+        "--hide",
+        help="Another directory sandboxes must never see (repeatable; sandboxes see an allow-list of "
+        "the machine, and a share that would show it is refused), e.g. a suite's reference fixes.",
     ),
     runtime_kind: str = typer.Option(
         "local", "--runtime", help="local (process trees on this machine) or kubernetes (a pod per episode)."

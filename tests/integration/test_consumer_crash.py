@@ -28,8 +28,8 @@ from consumers.runtime import ConsumerRuntime, read_topic
 from consumers.samples import SampleBuilderConfig
 from consumers.synthetic import SyntheticEpisode, interleaved, synthetic_episode
 from orchard.bus import Bus
-from orchard.codec import Codec
 from orchard.bus.kafka import KafkaBus
+from orchard.codec import Codec
 from orchard.config import BusConfig, EmbeddedBusConfig, KafkaBusConfig
 
 CODEC = Codec.default()

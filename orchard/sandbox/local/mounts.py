@@ -29,9 +29,7 @@ def mount_scratch(directory: Path, size_mb: int, owner: tuple[int, int] | None, 
     options = f"size={size_mb}m,nr_inodes={MAX_INODES},mode={mode:o}"
     if owner is not None:
         options += f",uid={owner[0]},gid={owner[1]}"
-    result = _libc.mount(
-        b"orchard-sandbox", str(directory).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()
-    )
+    result = _libc.mount(b"orchard-sandbox", str(directory).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode())
     if result != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount tmpfs on {directory}: {os.strerror(err)}")
