@@ -486,6 +486,7 @@ class ConsumerRuntime:
                 if assignment != restored_for:
                     self._restore(state, assignment)
                     restored_for = assignment
+                    idle_since = time.monotonic()  # a rebalance is not idleness: the new partitions are still to read
                 for record in batch:
                     driver.handle(record)
                 caught_up = not batch and self._caught_up(consumer)
@@ -533,24 +534,29 @@ class ConsumerRuntime:
         if not assignment:
             return False
         positions = consumer.position()
+        starts: dict[TopicPartition, int] = {}
         ends: dict[TopicPartition, int] = {}
         try:
             for topic in {tp.topic for tp in assignment}:
                 info = self.bus.describe_topic(topic)
+                starts.update({TopicPartition(topic, p): start for p, start in info.start_offsets.items()})
                 ends.update({TopicPartition(topic, p): end for p, end in info.end_offsets.items()})
         except OrchardError:
             return False
-        unfetched = [tp for tp in assignment if tp not in positions and ends.get(tp, 0) > 0]
+        # a position below the first offset retention kept means the partition is read from there
+        fetched = {tp: max(pos, starts.get(tp, 0)) for tp, pos in positions.items()}
+        unfetched = [tp for tp in assignment if tp not in fetched and ends.get(tp, 0) > starts.get(tp, 0)]
         if unfetched:
-            # nothing fetched from them yet: where the group left them says. A committed offset that cannot be
-            # read in time is held by an open transaction (a killed member's, until the broker aborts it): its
-            # records are still to come.
+            # nothing fetched from them yet: where the group left them says (exactly: a commit marker at the end
+            # would have been fetched and set a position). A committed offset that cannot be read in time is held
+            # by an open transaction (a killed member's, until the broker aborts it): its records are still to come.
             try:
                 committed = consumer.committed(timeout_s=COMMITTED_TIMEOUT_S)
             except OrchardError:
                 return False
-            positions = {**positions, **{tp: committed[tp] for tp in unfetched if tp in committed}}
-        return all(positions.get(tp, 0) >= ends.get(tp, 0) - 1 for tp in assignment)
+            if any(max(committed.get(tp, 0), starts.get(tp, 0)) < ends.get(tp, 0) for tp in unfetched):
+                return False
+        return all(fetched[tp] >= ends.get(tp, 0) - 1 for tp in assignment if tp in fetched)
 
     def _restore(self, state: ChangelogStateStore, assignment: set[TopicPartition]) -> None:
         owned = {tp.partition for tp in assignment}

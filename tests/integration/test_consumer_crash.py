@@ -237,7 +237,13 @@ def test_a_member_killed_inside_a_transaction_is_outwaited_not_taken_for_idle(
     """Its partition's offset stays held (the next owner cannot fetch it) until the broker aborts the transaction;
     a member that took that for idleness would exit with the partition unread."""
     bus = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
-    namespace = unique_name("held")
+    try:
+        _outwaits_a_held_offset(bus, kafka_bootstrap, unique_name("held"))
+    finally:
+        bus.close()
+
+
+def _outwaits_a_held_offset(bus: KafkaBus, kafka_bootstrap: str, namespace: str) -> None:
     episodes = [synthetic_episode(f"h-{i}", calls=3, seed=i, first_prompt_tokens=50) for i in range(24)]
     for topic in ("model-calls", "outcomes"):
         bus.create_topic(f"{namespace}.{topic}", 4)
@@ -259,4 +265,3 @@ def test_a_member_killed_inside_a_transaction_is_outwaited_not_taken_for_idle(
     assert all(r["complete"] for r in records)
     assert stats.records_in == sum(len(e.calls) + 1 for e in episodes)
     assert time.monotonic() - started >= 8.0 - 1, "the held offset was readable at once: nothing was tested"
-    bus.close()

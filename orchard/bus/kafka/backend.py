@@ -239,13 +239,14 @@ class KafkaBus(Bus):
     def init_transactional(self, transactional_id: str) -> RawProducer:
         """A raw producer with ``transactional_id``, its transactions initialised (retried while the transaction
         coordinator is unreachable or moving)."""
-        raw = RawProducer({
-            **self._producer_conf(),
-            "transactional.id": transactional_id,
-            # librdkafka's default is 60 s: a dead member's open transaction would block its successor that long
-            "transaction.timeout.ms": round(self.config.transaction_timeout_s * 1000),
-        })  # fmt: skip
         try:
+            raw = RawProducer({
+                # librdkafka's default is 60 s: a dead member's open transaction would hold its successor that long
+                # (client_options, inside the producer settings, still win)
+                "transaction.timeout.ms": round(self.config.transaction_timeout_s * 1000),
+                **self._producer_conf(),
+                "transactional.id": transactional_id,
+            })  # fmt: skip
             self.retry.call(
                 f"initialise transactions for {transactional_id!r}",
                 lambda: raw.init_transactions(self.config.connect_timeout_s * 2),
