@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as RawTopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
@@ -149,12 +150,23 @@ def test_topics_on_three_brokers_get_three_replicas_and_min_isr_two(dedicated_ka
 
 
 def replication_of(bootstrap: str, topic: str) -> tuple[list[int], str]:
-    """Replicas per partition and the topic's min.insync.replicas, as the broker reports them."""
+    """Replicas per partition and the topic's min.insync.replicas, as the broker reports them (asked again while
+    the broker that answers has not heard of the new topic yet: on three brokers its metadata spreads in a moment)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    config = admin.describe_configs([resource])[resource].result(timeout=10)
-    return [len(partitions[p].replicas) for p in sorted(partitions)], config["min.insync.replicas"].value
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            metadata = admin.list_topics(topic=topic, timeout=10).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            partitions = metadata.partitions
+            resource = ConfigResource(ResourceType.TOPIC, topic)
+            config = admin.describe_configs([resource])[resource].result(timeout=10)
+            return [len(partitions[p].replicas) for p in sorted(partitions)], config["min.insync.replicas"].value
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @pytest.mark.kafka
