@@ -78,13 +78,7 @@ def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
 ) -> None:
     namespace = unique_name("crash")
     episodes = [synthetic_episode(f"c-{i}", calls=30, seed=i, first_prompt_tokens=300) for i in range(100)]
-    for topic in ("model-calls", "outcomes"):
-        bus.create_topic(f"{namespace}.{topic}", 4)
-    producer = bus.producer()
-    for record in interleaved(episodes, window=10):
-        producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
-    producer.flush()
-    producer.close()
+    _published(bus, namespace, episodes)
     trajectories = f"{namespace}.trajectories"
     kafka = isinstance(bus_config, KafkaBusConfig)
 
@@ -141,8 +135,8 @@ def _episodes() -> list[SyntheticEpisode]:
     ]  # fmt: skip
 
 
-def _assembled(bus: Bus, kafka: bool, namespace: str, episodes: list[SyntheticEpisode]) -> None:
-    """Publish ``episodes`` and assemble them into ``<namespace>.trajectories``."""
+def _published(bus: Bus, namespace: str, episodes: list[SyntheticEpisode]) -> None:
+    """Publish ``episodes``' model calls and outcomes to ``<namespace>.*`` (4 partitions each), interleaved."""
     for topic in ("model-calls", "outcomes"):
         bus.create_topic(f"{namespace}.{topic}", 4)
     producer = bus.producer()
@@ -150,6 +144,11 @@ def _assembled(bus: Bus, kafka: bool, namespace: str, episodes: list[SyntheticEp
         producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
     producer.flush()
     producer.close()
+
+
+def _assembled(bus: Bus, kafka: bool, namespace: str, episodes: list[SyntheticEpisode]) -> None:
+    """Publish ``episodes`` and assemble them into ``<namespace>.trajectories``."""
+    _published(bus, namespace, episodes)
     runtime = ConsumerRuntime(bus, TrajectoryAssembler(), namespace=namespace, instance_id="setup",
                               config=RuntimeConfig(poll_timeout_s=0.2))  # fmt: skip
     runtime.run(idle_exit_s=8.0 if kafka else 2.0)
@@ -245,13 +244,7 @@ def test_a_member_killed_inside_a_transaction_is_outwaited_not_taken_for_idle(
 
 def _outwaits_a_held_offset(bus: KafkaBus, kafka_bootstrap: str, namespace: str) -> None:
     episodes = [synthetic_episode(f"h-{i}", calls=3, seed=i, first_prompt_tokens=50) for i in range(24)]
-    for topic in ("model-calls", "outcomes"):
-        bus.create_topic(f"{namespace}.{topic}", 4)
-    producer = bus.producer()
-    for record in interleaved(episodes, window=10):
-        producer.produce(f"{namespace}.{record.topic}", record.value, record.key)
-    producer.flush()
-    producer.close()
+    _published(bus, namespace, episodes)
     runtime = ConsumerRuntime(bus, TrajectoryAssembler(), namespace=namespace, instance_id="next",
                               config=RuntimeConfig(poll_timeout_s=0.2))  # fmt: skip
     dead = subprocess.run([sys.executable, "-c", DEAD_IN_TRANSACTION, kafka_bootstrap,
