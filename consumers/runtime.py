@@ -55,6 +55,7 @@ DEFAULT_LETTER_LIMIT = 1_000_000  # without a producer to ask: Kafka's default r
 FENCED_AGAIN_S = 60.0  # a member fenced twice within this: another instance uses its id
 READ_STALL_S = 30.0  # a topic read with no progress this long gives up (Kafka's first fetch can take seconds)
 READ_GAP = 1000  # reading back referenced inputs: records between two wanted ones read through rather than seeking
+UNDECIDED_LIMIT_S = 960.0  # Kafka's longest transaction (15 min) and its abort check: a wait on one past this gives up
 COMMITTED_TIMEOUT_S = 1.0  # an idle check asking where the group left a partition: a held offset does not answer
 
 
@@ -236,9 +237,17 @@ def read_topic(
     end: Mapping[int, int] | None = None,
     poll_timeout_s: float = 0.5,
     stall_s: float = READ_STALL_S,
+    undecided: bool = False,
+    partitions: Iterable[int] | None = None,
 ) -> Iterator[Record]:
     """Every record of ``topic`` from ``start`` up to (not including) ``end`` offsets per partition (defaults:
     the whole topic as it is now), each partition in order.
+
+    ``partitions``: only these (default: all). ``undecided``: read to the written offsets (``Bus.written_offsets``),
+    past records of transactions still open, waiting until each is committed (its records come) or aborted
+    (skipped): a state restore must not stop short of a transaction its partition's previous owner committed just
+    before it let the partition go. A wait on an open transaction is not a stall; the broker decides every
+    transaction within its timeout, and the read gives up after ``UNDECIDED_LIMIT_S``.
 
     The read ends when the consumer's position reaches ``end`` in every partition. On Kafka the end offsets a bus
     reports are the last stable offsets, and a read_committed consumer's position moves past transaction markers and
@@ -247,31 +256,43 @@ def read_topic(
     position does not move for ``stall_s`` seconds raises ``TopicReadError`` instead of returning less than asked
     for (position, not records: a long run of aborted records moves it without a record)."""
     info = bus.describe_topic(topic)
-    first = {p: max(info.start_offsets.get(p, 0), (start or {}).get(p, 0)) for p in range(info.partitions)}
-    last = {p: min(info.end_offsets.get(p, 0), (end or info.end_offsets).get(p, 0)) for p in range(info.partitions)}
+    limit = bus.written_offsets(topic) if undecided else info.end_offsets
+    every = set(range(info.partitions))
+    chosen = sorted(every if partitions is None else every & set(partitions))
+    first = {p: max(info.start_offsets.get(p, 0), (start or {}).get(p, 0)) for p in chosen}
+    last = {p: min(limit.get(p, 0), (end or limit).get(p, 0)) for p in chosen}
     if all(first[p] >= last[p] for p in first):
         return
     consumer = bus.consumer([topic])
     try:
-        for p, offset in first.items():
+        for p in range(info.partitions):
             # a partition with nothing to read starts at its end: fetching it from its start would read it all
-            consumer.seek(TopicPartition(topic, p), offset if offset < last[p] else info.end_offsets.get(p, 0))
+            offset = first.get(p, 0)
+            consumer.seek(TopicPartition(topic, p), offset if offset < last.get(p, 0) else info.end_offsets.get(p, 0))
         until = {TopicPartition(topic, p): last[p] for p in last if first[p] < last[p]}
         positions = consumer.position()
-        moved = time.monotonic()
+        moved, held_since = time.monotonic(), None
         while not reached(positions, until):
             for record in consumer.poll(max_records=2000, timeout_s=poll_timeout_s):
-                if first[record.partition] <= record.offset < last[record.partition]:
+                if first.get(record.partition, 0) <= record.offset < last.get(record.partition, 0):
                     yield record
             now, before, positions = time.monotonic(), positions, consumer.position()
             if positions != before:
-                moved = now
+                moved, held_since = now, None
             elif now - moved > stall_s:
+                held = undecided and _held(bus, topic, positions, until)
+                if held or held_since is not None:
+                    # waiting on an open transaction is no stall: the clock restarts once it is decided
+                    held_since = (held_since or moved) if held else None
+                    if held_since is None or now - held_since < UNDECIDED_LIMIT_S:
+                        moved = now
+                        continue
                 short = {tp.partition: (positions.get(tp), offset) for tp, offset in until.items()
                          if positions.get(tp, -1) < offset}  # fmt: skip
+                why = f" (an open transaction held it past {UNDECIDED_LIMIT_S:g}s)" if held else ""
                 raise TopicReadError(
                     f"reading {topic} made no progress for {stall_s:g}s short of its end (partition: (position, "
-                    f"end) {short}); stopped instead of returning part of it"
+                    f"end) {short}){why}; stopped instead of returning part of it"
                 )
     finally:
         consumer.close()
@@ -279,6 +300,14 @@ def read_topic(
 
 class TopicReadError(BusError):
     """A read of a topic's records up to given offsets stalled before it got there."""
+
+
+def _held(bus: Bus, topic: str, positions: Mapping[TopicPartition, int], until: Mapping[TopicPartition, int]) -> bool:
+    """Whether every partition a read has not finished sits at its last stable offset: an open transaction holds
+    it (its records are still to be decided), as opposed to records that could be read not arriving."""
+    ends = bus.describe_topic(topic).end_offsets
+    short = [tp for tp, offset in until.items() if positions.get(tp, -1) < offset]
+    return all(positions.get(tp, -1) >= ends.get(tp.partition, 0) for tp in short)
 
 
 def read_offsets(
@@ -484,6 +513,8 @@ class ConsumerRuntime:
                     return idle_since, False
                 assignment = set(consumer.assignment())
                 if assignment != restored_for:
+                    if not self._await_committed(consumer, assignment):
+                        return idle_since, False  # stopped while waiting
                     self._restore(state, assignment)
                     restored_for = assignment
                     idle_since = time.monotonic()  # a rebalance is not idleness: the new partitions are still to read
@@ -558,11 +589,39 @@ class ConsumerRuntime:
                 return False
         return all(fetched[tp] >= ends.get(tp, 0) - 1 for tp in assignment if tp in fetched)
 
+    def _await_committed(self, consumer: Consumer, assignment: set[TopicPartition]) -> bool:
+        """Wait until the group's offsets of ``assignment`` can be read (False: stopped first).
+
+        A partition's previous owner may have sent its offsets into a transaction it has not decided yet: one it is
+        about to commit (a member paused or slow when the group moved the partition), or one the broker will abort
+        (a member killed mid-transaction). Until then the offset cannot be read, and the state changes of that
+        transaction may not even have reached the changelog; restoring first would miss a committed change and then
+        read on from past the input that made it."""
+        if not assignment:
+            return True
+        started = warned = time.monotonic()
+        while not self._stop:
+            try:
+                consumer.committed(timeout_s=COMMITTED_TIMEOUT_S)
+                if time.monotonic() - started > COMMITTED_TIMEOUT_S:
+                    self.log.info("taken-over offsets readable", waited_s=round(time.monotonic() - started, 1))
+                return True
+            except OrchardError as exc:
+                time.sleep(0.2)  # an error that came back at once (a broker down) is not retried in a hot loop
+                if time.monotonic() - warned >= 10.0 or warned == started:
+                    warned = time.monotonic()
+                    self.log.warning("waiting for the group's offsets of newly assigned partitions: a previous "
+                                     "owner's transaction holds them until it is committed or aborted",
+                                     waited_s=round(warned - started, 1), error=str(exc))  # fmt: skip
+        return False
+
     def _restore(self, state: ChangelogStateStore, assignment: set[TopicPartition]) -> None:
         owned = {tp.partition for tp in assignment}
         started = time.perf_counter()
+        # to the written offsets, not the readable ones: a transaction the previous owner committed just before it
+        # let a partition go may not have its commit markers yet, and stopping short of it loses its changes
         records = read_topic(self.bus, self.changelog, poll_timeout_s=self.config.poll_timeout_s,
-                             stall_s=self.config.restore_stall_s)  # fmt: skip
+                             stall_s=self.config.restore_stall_s, undecided=True, partitions=owned)  # fmt: skip
         keys = state.restore(records, owned, resolve=self._read_inputs)
         if state.lost_keys:
             self.log.error("state keys lost: the input records they reference are gone from the input topics "

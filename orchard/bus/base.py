@@ -231,7 +231,16 @@ class Bus(ABC):
 
     @abstractmethod
     def describe_topic(self, name: str) -> TopicInfo:
-        """Partitions and offsets of one topic; ``TopicNotFoundError`` if absent."""
+        """Partitions and offsets of one topic; ``TopicNotFoundError`` if absent. The end offsets are what a reader
+        can read now: on Kafka the last stable offset, which stops at the first record of a transaction not yet
+        decided."""
+
+    def written_offsets(self, name: str) -> dict[int, int]:
+        """Per partition, the offset after the last record written, counting records of transactions not yet
+        committed or aborted (Kafka's high watermark). A read to these offsets ends once every transaction that
+        had written by now is decided: what a new owner of a partition must wait for before it trusts the state
+        it restores. Backends whose writes are visible at once return ``describe_topic``'s end offsets."""
+        return dict(self.describe_topic(name).end_offsets)
 
     @abstractmethod
     def committed_offsets(self, group: str) -> dict[TopicPartition, int]:

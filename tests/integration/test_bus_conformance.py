@@ -179,6 +179,31 @@ def test_transaction_makes_records_and_offsets_visible_together(bus: Bus, unique
     assert sorted(r.value for r in out) == sorted(f"in{i}|out".encode() for i in range(6))
 
 
+def test_written_offsets_count_an_open_transactions_records_and_end_offsets_do_not(
+    bus: Bus, unique_name: Callable[[str], str]
+) -> None:
+    sink = unique_name("sink")
+    bus.create_topic(sink, partitions=1)
+    txn = bus.transactional_producer(unique_name("txid"))
+    txn.begin()
+    for _ in range(3):
+        txn.produce(sink, b"pending", partition=0)
+    # Kafka writes a transaction's records as they are sent; the embedded log writes them at its commit
+    pending = 3 if type(bus).__name__ == "KafkaBus" else 0
+    deadline = time.monotonic() + 30
+    while bus.written_offsets(sink)[0] < pending:
+        assert time.monotonic() < deadline, "the open transaction's records never reached the log"
+        time.sleep(0.05)
+    assert bus.written_offsets(sink)[0] == pending
+    assert bus.describe_topic(sink).end_offsets[0] == 0, "a reader could reach records of an open transaction"
+    txn.commit()
+    while bus.describe_topic(sink).end_offsets != bus.written_offsets(sink):  # Kafka: until its commit marker
+        assert time.monotonic() < deadline, "the committed transaction's records never became readable"
+        time.sleep(0.05)
+    assert bus.describe_topic(sink).end_offsets[0] >= 3
+    txn.close()
+
+
 def run_worker(config: BusConfig, source: str, sink: str, group: str, mode: str, delay: float) -> subprocess.Popen[str]:
     """Start ``bus_worker.py`` in its own process."""
     return subprocess.Popen(

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 from consumers.assembler import TrajectoryAssembler
 from consumers.builtin import build_processor
 from consumers.config import ConsumersConfig, RuntimeConfig
-from consumers.runtime import ConsumerRuntime, read_topic
+from consumers.runtime import ConsumerRuntime, RuntimeStats, read_topic
 from consumers.samples import SampleBuilderConfig
 from consumers.synthetic import SyntheticEpisode, interleaved, synthetic_episode
 from orchard.bus import Bus
@@ -258,3 +259,80 @@ def _outwaits_a_held_offset(bus: KafkaBus, kafka_bootstrap: str, namespace: str)
     assert all(r["complete"] for r in records)
     assert stats.records_in == sum(len(e.calls) + 1 for e in episodes)
     assert time.monotonic() - started >= 8.0 - 1, "the held offset was readable at once: nothing was tested"
+
+
+class _CommitGate:
+    """Stands in for a raw transactional producer; its ``pause_at``-th commit waits for ``release`` (offsets
+    already sent into the transaction), the way a member paused by the OS or a long GC holds its last transaction
+    while the group hands its partitions on."""
+
+    def __init__(self, raw: object, pause_at: int, paused: threading.Event, release: threading.Event) -> None:
+        self._raw, self._pause_at, self._paused, self._release = raw, pause_at, paused, release
+        self.commits = 0
+
+    def commit_transaction(self, *args: object) -> None:
+        self.commits += 1
+        if self.commits == self._pause_at:
+            self._paused.set()
+            self._release.wait(120)
+        self._raw.commit_transaction(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._raw, name)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_partition_handed_over_mid_transaction_restores_what_its_old_owner_then_committed(
+    kafka_bootstrap: str, unique_name: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Member A sends its offsets into a transaction and stalls before committing; the group gives its partitions
+    to member B (A missed its poll deadline); A then commits. B must restore A's last state changes and read on
+    from A's last offsets: restoring at once, to the changelog's readable end, would miss the changes while the
+    offsets B reads on from include them (trajectories lost or emitted twice)."""
+    namespace = unique_name("handover")
+    # A: a dynamic member with a short poll deadline, so a stalled A leaves the group within seconds
+    bus_a = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap, client_options={
+        "max.poll.interval.ms": "7000", "session.timeout.ms": "6000"}))  # fmt: skip
+    bus_b = KafkaBus(KafkaBusConfig(bootstrap_servers=kafka_bootstrap))
+    paused, release = threading.Event(), threading.Event()
+    gates: list[_CommitGate] = []
+    make_producer, make_consumer = bus_a.transactional_producer, bus_a.consumer
+
+    def gated_producer(transactional_id: str) -> object:
+        producer = make_producer(transactional_id)
+        gates.append(_CommitGate(producer.raw, 4, paused, release))
+        producer.raw = gates[-1]  # type: ignore[assignment]
+        return producer
+
+    monkeypatch.setattr(bus_a, "transactional_producer", gated_producer)
+    monkeypatch.setattr(bus_a, "consumer", lambda *a, **k: make_consumer(*a, **(k | {"instance_id": None})))
+    try:
+        episodes = [synthetic_episode(f"m-{i}", calls=3, seed=i, first_prompt_tokens=50) for i in range(24)]
+        _published(bus_a, namespace, episodes)
+        small = RuntimeConfig(poll_timeout_s=0.2, max_poll_records=5)
+        a = ConsumerRuntime(bus_a, TrajectoryAssembler(), namespace=namespace, instance_id="a", config=small)
+        b = ConsumerRuntime(bus_b, TrajectoryAssembler(), namespace=namespace, instance_id="b", config=small)
+        a_thread = threading.Thread(target=a.run, daemon=True)
+        a_thread.start()
+        assert paused.wait(60), "A never reached its fourth commit"
+        b_stats: list[RuntimeStats] = []
+        b_thread = threading.Thread(target=lambda: b_stats.append(b.run(idle_exit_s=10.0)), daemon=True)
+        b_thread.start()
+        time.sleep(15)  # A misses its 7 s poll deadline and leaves; the group gives B every partition
+        a.stop()
+        release.set()
+        a_thread.join(60)
+        assert not a_thread.is_alive()
+        assert a.stats.transactions == 4 and a.stats.aborted_batches == 0, "A's late commit did not go through"
+        b_thread.join(180)
+        assert b_stats, "B did not stop"
+        records = [CODEC.decode(r.value).record
+                   for r in read_topic(bus_b, f"{namespace}.trajectories", poll_timeout_s=0.3)]  # fmt: skip
+        assert sorted(r["episode_id"] for r in records) == sorted(e.episode_id for e in episodes)
+        assert all(r["complete"] for r in records)
+        assert a.stats.records_in + b_stats[0].records_in == sum(len(e.calls) + 1 for e in episodes)
+    finally:
+        release.set()
+        bus_a.close()
+        bus_b.close()

@@ -58,7 +58,7 @@ class KafkaBus(Bus):
         self.timeout_s = config.request_timeout_s
         self.retry = RetryPolicy(config.retry_timeout_s, config.retry_backoff_s, config.retry_backoff_max_s)
         self.admin = AdminClient(self.common)
-        self._watermarks: RawConsumer | None = None
+        self._readers: dict[bool, RawConsumer] = {}  # watermark readers, by whether they see decided records only
         self._created: dict[str, float] = {}  # topics created (here or just before, elsewhere) -> when
         try:
             metadata = self.admin.list_topics(timeout=config.connect_timeout_s)
@@ -154,33 +154,42 @@ class KafkaBus(Bus):
             starts[p], ends[p] = self.watermarks(RawTopicPartition(name, p))
         return TopicInfo(name=name, partitions=count, start_offsets=starts, end_offsets=ends)
 
-    def _reader(self) -> RawConsumer:
-        if self._watermarks is None:
-            self._watermarks = RawConsumer({**self.common, "group.id": "orchard-watermarks"})
-        return self._watermarks
+    def written_offsets(self, name: str) -> dict[int, int]:
+        """High watermarks: a read_uncommitted ``ListOffsets``, past the records of transactions still open."""
+        parts = [RawTopicPartition(name, p) for p in range(self.partitions(name))]
+        return {part.partition: self.watermarks(part, decided_only=False)[1] for part in parts}
 
-    def watermarks(self, part: RawTopicPartition) -> tuple[int, int]:
-        """Low and high watermark, retrying while the partition's leader is unreachable, moving or settling."""
+    def _reader(self, decided_only: bool) -> RawConsumer:
+        if decided_only not in self._readers:
+            isolation = "read_committed" if decided_only else "read_uncommitted"
+            self._readers[decided_only] = RawConsumer(
+                {**self.common, "group.id": "orchard-watermarks", "isolation.level": isolation}
+            )
+        return self._readers[decided_only]
+
+    def watermarks(self, part: RawTopicPartition, *, decided_only: bool = True) -> tuple[int, int]:
+        """Low and high watermark, retrying while the partition's leader is unreachable, moving or settling. The
+        high one is the last stable offset, or with ``decided_only=False`` the offset after the last record written
+        (records of open transactions included)."""
 
         def query() -> tuple[int, int]:
             try:
-                low, high = self._reader().get_watermark_offsets(part, timeout=self.timeout_s, cached=False)
+                low, high = self._reader(decided_only).get_watermark_offsets(part, timeout=self.timeout_s, cached=False)
             except KafkaException as exc:
-                self._drop_stale_reader(exc)
+                self._drop_stale_reader(exc, decided_only)
                 raise
             return int(low), int(high)
 
         return self.request(f"read offsets of {part.topic}[{part.partition}]", query, retry_if=transient_or_settling)
 
-    def _drop_stale_reader(self, exc: KafkaException) -> None:
+    def _drop_stale_reader(self, exc: KafkaException, decided_only: bool) -> None:
         """Close the reader after it called a known partition unknown: a broker restarting answered its metadata
         request before it had caught up, and the reader (subscribed to nothing) would keep that answer for good, so
         the next attempt asks with a fresh client."""
         error = error_of(exc)
-        if error is not None and error.code() in SETTLING_CODES and self._watermarks is not None:
+        if error is not None and error.code() in SETTLING_CODES and decided_only in self._readers:
             log.info("watermark reader has stale metadata; reopening it", error=error.str())
-            self._watermarks.close()
-            self._watermarks = None
+            self._readers.pop(decided_only).close()
 
     def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
         """The offsets ``group`` has committed (an OffsetFetch through the admin client: nobody joins the group)."""
@@ -207,9 +216,9 @@ class KafkaBus(Bus):
 
         def lookup() -> list[RawTopicPartition]:
             try:
-                found: list[RawTopicPartition] = self._reader().offsets_for_times(query, timeout=self.timeout_s)
+                found: list[RawTopicPartition] = self._reader(True).offsets_for_times(query, timeout=self.timeout_s)
             except KafkaException as exc:
-                self._drop_stale_reader(exc)
+                self._drop_stale_reader(exc, True)
                 raise
             return found
 
@@ -269,7 +278,7 @@ class KafkaBus(Bus):
         return KafkaConsumer(self, list(topics), group, start=check_start(start), instance_id=instance_id)
 
     def close(self) -> None:
-        """Close the watermark reader."""
-        if self._watermarks is not None:
-            self._watermarks.close()
-            self._watermarks = None
+        """Close the watermark readers."""
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,58 @@ def test_a_read_that_makes_no_progress_raises_instead_of_returning_part_of_the_t
         with pytest.raises(TopicReadError, match=r"changelog made no progress for 0.2s .*\{0: \(0, 5\)\}"):
             list(read_topic(stalled, "changelog", poll_timeout_s=0.01, stall_s=0.2))
         assert time.monotonic() - started < 5
+
+
+class _OpenTransaction:
+    """``bus`` as Kafka shows it while a transaction that wrote its partition 0 is open: readers reach only the
+    last stable offset (0 here) and sit there, while the written offsets count the transaction's records. Decided
+    ``open_s`` seconds after creation."""
+
+    def __init__(self, bus: Bus, open_s: float) -> None:
+        self.bus, self.decided_at = bus, time.monotonic() + open_s
+
+    def is_open(self) -> bool:
+        return time.monotonic() < self.decided_at
+
+    def describe_topic(self, name: str) -> Any:
+        info = self.bus.describe_topic(name)
+        return dataclasses.replace(info, end_offsets=dict.fromkeys(info.end_offsets, 0)) if self.is_open() else info
+
+    def written_offsets(self, name: str) -> dict[int, int]:
+        return self.bus.written_offsets(name)
+
+    def consumer(self, topics: list[str], group: str | None = None, **kwargs: Any) -> Consumer:
+        return _HeldConsumer(self.bus.consumer(topics, group, **kwargs), self)  # type: ignore[return-value]
+
+
+class _HeldConsumer:
+    def __init__(self, inner: Consumer, txn: _OpenTransaction) -> None:
+        self.inner, self.txn = inner, txn
+
+    def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        if self.txn.is_open():
+            time.sleep(timeout_s)
+            return []
+        return self.inner.poll(max_records, timeout_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_read_to_the_written_end_waits_on_an_open_transaction_past_the_stall_time(tmp_path: Path) -> None:
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        _fill(bus, "changelog", [range(5)])
+        held = _OpenTransaction(bus, open_s=0.8)
+        assert list(read_topic(held, "changelog", poll_timeout_s=0.01, stall_s=0.2)) == []  # type: ignore[arg-type]
+        started = time.monotonic()
+        records = list(read_topic(held, "changelog", poll_timeout_s=0.01, stall_s=0.2, undecided=True))  # type: ignore[arg-type]
+        assert [int(r.value) for r in records] == list(range(5))
+        assert time.monotonic() - started > 0.2, "nothing was held: the test tested nothing"
+
+
+def test_a_read_to_the_written_end_still_raises_when_readable_records_do_not_come(tmp_path: Path) -> None:
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        _fill(bus, "changelog", [range(5), range(3)])
+        stalled = _slow_bus(bus, empty=10_000)
+        with pytest.raises(TopicReadError, match=r"no progress for 0.2s .*\{0: \(0, 5\)\}\); stopped"):
+            list(read_topic(stalled, "changelog", poll_timeout_s=0.01, stall_s=0.2, undecided=True, partitions=[0]))
