@@ -270,23 +270,35 @@ def read_topic(
             offset = first.get(p, 0)
             consumer.seek(TopicPartition(topic, p), offset if offset < last.get(p, 0) else info.end_offsets.get(p, 0))
         until = {TopicPartition(topic, p): last[p] for p in last if first[p] < last[p]}
-        positions = consumer.position()
+
+        def watched() -> dict[TopicPartition, int]:
+            # the partitions still to read only: writes to the others are no progress of this read
+            at = consumer.position()
+            return {tp: at[tp] for tp in until if tp in at}
+
+        positions, readable = watched(), info.end_offsets
         moved, held_since = time.monotonic(), None
         while not reached(positions, until):
             for record in consumer.poll(max_records=2000, timeout_s=poll_timeout_s):
                 if first.get(record.partition, 0) <= record.offset < last.get(record.partition, 0):
                     yield record
-            now, before, positions = time.monotonic(), positions, consumer.position()
+            now, before, positions = time.monotonic(), positions, watched()
             if positions != before:
                 moved, held_since = now, None
             elif now - moved > stall_s:
-                held = undecided and _held(bus, topic, positions, until)
-                if held or held_since is not None:
-                    # waiting on an open transaction is no stall: the clock restarts once it is decided
-                    held_since = (held_since or moved) if held else None
-                    if held_since is None or now - held_since < UNDECIDED_LIMIT_S:
-                        moved = now
+                held = False
+                if undecided:
+                    ends, was = bus.describe_topic(topic).end_offsets, readable
+                    readable = ends
+                    if any(ends.get(tp.partition, 0) != was.get(tp.partition, 0) for tp in until):
+                        moved, held_since = now, None  # a transaction was decided: its records are still to fetch
                         continue
+                    held = _held(ends, positions, until)
+                    if held:  # waiting on an open transaction is no stall, up to a bound
+                        held_since = held_since or moved
+                        if now - held_since < UNDECIDED_LIMIT_S:
+                            moved = now
+                            continue
                 short = {tp.partition: (positions.get(tp), offset) for tp, offset in until.items()
                          if positions.get(tp, -1) < offset}  # fmt: skip
                 why = f" (an open transaction held it past {UNDECIDED_LIMIT_S:g}s)" if held else ""
@@ -302,10 +314,12 @@ class TopicReadError(BusError):
     """A read of a topic's records up to given offsets stalled before it got there."""
 
 
-def _held(bus: Bus, topic: str, positions: Mapping[TopicPartition, int], until: Mapping[TopicPartition, int]) -> bool:
-    """Whether every partition a read has not finished sits at its last stable offset: an open transaction holds
-    it (its records are still to be decided), as opposed to records that could be read not arriving."""
-    ends = bus.describe_topic(topic).end_offsets
+def _held(
+    ends: Mapping[int, int], positions: Mapping[TopicPartition, int], until: Mapping[TopicPartition, int]
+) -> bool:
+    """Whether every partition a read has not finished sits at its last stable offset (``ends``): an open
+    transaction holds it (its records are still to be decided), as opposed to records that could be read not
+    arriving."""
     short = [tp for tp, offset in until.items() if positions.get(tp, -1) < offset]
     return all(positions.get(tp, -1) >= ends.get(tp.partition, 0) for tp in short)
 
@@ -607,12 +621,18 @@ class ConsumerRuntime:
                     self.log.info("taken-over offsets readable", waited_s=round(time.monotonic() - started, 1))
                 return True
             except OrchardError as exc:
+                if time.monotonic() - started > UNDECIDED_LIMIT_S:
+                    raise BusError(
+                        f"the group's offsets of {sorted(assignment)} stayed unreadable for "
+                        f"{UNDECIDED_LIMIT_S:g}s, longer than any transaction may stay open: {exc}"
+                    ) from exc
                 time.sleep(0.2)  # an error that came back at once (a broker down) is not retried in a hot loop
                 if time.monotonic() - warned >= 10.0 or warned == started:
                     warned = time.monotonic()
                     self.log.warning("waiting for the group's offsets of newly assigned partitions: a previous "
-                                     "owner's transaction holds them until it is committed or aborted",
-                                     waited_s=round(warned - started, 1), error=str(exc))  # fmt: skip
+                                     "owner's transaction holds them until it is committed or aborted (or the "
+                                     "broker does not answer)", waited_s=round(warned - started, 1),
+                                     error=str(exc))  # fmt: skip
         return False
 
     def _restore(self, state: ChangelogStateStore, assignment: set[TopicPartition]) -> None:

@@ -119,8 +119,8 @@ class _OpenTransaction:
     last stable offset (0 here) and sit there, while the written offsets count the transaction's records. Decided
     ``open_s`` seconds after creation."""
 
-    def __init__(self, bus: Bus, open_s: float) -> None:
-        self.bus, self.decided_at = bus, time.monotonic() + open_s
+    def __init__(self, bus: Bus, open_s: float, fetch_lag_s: float = 0.0) -> None:
+        self.bus, self.decided_at, self.fetch_lag_s = bus, time.monotonic() + open_s, fetch_lag_s
 
     def is_open(self) -> bool:
         return time.monotonic() < self.decided_at
@@ -137,11 +137,13 @@ class _OpenTransaction:
 
 
 class _HeldConsumer:
+    """Fetches nothing while the transaction is open and for ``fetch_lag_s`` after (a fetch in flight)."""
+
     def __init__(self, inner: Consumer, txn: _OpenTransaction) -> None:
         self.inner, self.txn = inner, txn
 
     def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
-        if self.txn.is_open():
+        if time.monotonic() < self.txn.decided_at + self.txn.fetch_lag_s:
             time.sleep(timeout_s)
             return []
         return self.inner.poll(max_records, timeout_s)
@@ -167,3 +169,42 @@ def test_a_read_to_the_written_end_still_raises_when_readable_records_do_not_com
         stalled = _slow_bus(bus, empty=10_000)
         with pytest.raises(TopicReadError, match=r"no progress for 0.2s .*\{0: \(0, 5\)\}\); stopped"):
             list(read_topic(stalled, "changelog", poll_timeout_s=0.01, stall_s=0.2, undecided=True, partitions=[0]))
+
+
+def test_a_transaction_decided_just_before_the_stall_check_is_not_taken_for_a_stall(tmp_path: Path) -> None:
+    """Decided at 0.25 s, its records fetched 0.15 s later: the check at 0.3 s sees the readable end moved."""
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        _fill(bus, "changelog", [range(5)])
+        held = _OpenTransaction(bus, open_s=0.25, fetch_lag_s=0.15)
+        records = list(read_topic(held, "changelog", poll_timeout_s=0.01, stall_s=0.3, undecided=True))  # type: ignore[arg-type]
+        assert [int(r.value) for r in records] == list(range(5))
+
+
+class _OthersWritten:
+    """A consumer that fetches nothing, while the position of partition 1 (written by others) keeps moving."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner, self.writes = inner, 0
+
+    def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        time.sleep(timeout_s)
+        return []
+
+    def position(self) -> dict[Any, int]:
+        self.writes += 1
+        return {tp: at + self.writes if tp.partition == 1 else at for tp, at in self.inner.position().items()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("undecided", [False, True])
+def test_writes_to_partitions_a_read_does_not_want_do_not_hide_its_stall(tmp_path: Path, undecided: bool) -> None:
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        _fill(bus, "changelog", [range(5), range(3)])
+        make = bus.consumer
+        bus.consumer = lambda *a, **k: _OthersWritten(make(*a, **k))  # type: ignore[method-assign]
+        started = time.monotonic()
+        with pytest.raises(TopicReadError, match=r"\{0: \(0, 5\)\}"):
+            list(read_topic(bus, "changelog", poll_timeout_s=0.01, stall_s=0.2, undecided=undecided, partitions=[0]))
+        assert time.monotonic() - started < 5
