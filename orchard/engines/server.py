@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 STARTUP_TIMEOUT_S = 60.0
 
 log = get_logger("engines")
+SHUTDOWN_GRACE_S = 3.0  # a stop's wait for requests in flight before they fail
 
 
 def serve_engine(config: AnyEngineConfig, orchard_config: OrchardConfig | None = None) -> None:
@@ -35,7 +36,10 @@ def serve_engine(config: AnyEngineConfig, orchard_config: OrchardConfig | None =
         vllm_url = getattr(getattr(engine, "client", None), "base_url", None)  # the vLLM server behind it, if any
         log.info("engine serving", type=config.type, host=config.host, port=config.port, model=engine.model_name,
                  vllm=str(vllm_url) if vllm_url is not None else None)  # fmt: skip
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none")
+        # a stop waits this long for requests in flight, then fails them: a supervisor's grace (10 s) must suffice,
+        # and a generation of thousands of tokens would otherwise hold the exit until it ends (measured: 92 s)
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="none",
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S)  # fmt: skip
     finally:
         engine.close()
 

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -737,6 +738,47 @@ def test_serve_engine_runs_a_tiny_name_in_its_own_process(tmp_path: Path) -> Non
     assert answer.status_code == 200 and trace_of(answer.json()).policy_version == 0
     assert (tmp_path / "models" / f"tiny-llama-micro-seed0-tok{TOKENIZER_REVISION}" / "config.json").is_file()
     assert process.returncode == 0, stderr.decode()[-2000:]
+
+
+def test_a_stopped_engine_exits_within_a_supervisors_grace_while_long_generations_run(tmp_path: Path) -> None:
+    """SIGTERM with 1,500-token generations in flight: the engine used to finish them all first (92 s measured for
+    four), past the run supervisor's 10 s grace, and was SIGKILLed; it now fails them after its shutdown grace.
+    Sampled, a generation may end early at its end-of-text token: the test needs one still running at the stop."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    orchard = Path(sys.executable).parent / "orchard"
+    process = subprocess.Popen([str(orchard), "engine", "serve", "--model", "tiny-llama", "--port", str(port),
+                                "--max-context", "4096"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500,
+            "temperature": 1.0}  # fmt: skip
+    answers: list[int | str] = []
+
+    def ask() -> None:
+        try:
+            answers.append(httpx.post(f"{url}{CHAT}", json=body, timeout=180).status_code)
+        except httpx.TransportError as exc:
+            answers.append(type(exc).__name__)
+
+    try:
+        _wait_healthy(url, process)
+        askers = [threading.Thread(target=ask, daemon=True) for _ in range(4)]
+        for asker in askers:
+            asker.start()
+        time.sleep(2)
+        running = 4 - len(answers)
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=150)
+        took = time.monotonic() - stopped
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert running > 0, f"every generation ended before the stop: {answers}"
+    assert took < 10, f"the engine took {took:.1f}s to stop"
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120) -> dict[str, Any]:
