@@ -741,7 +741,7 @@ def test_serve_engine_runs_a_tiny_name_in_its_own_process(tmp_path: Path) -> Non
 
 
 def test_a_stopped_engine_exits_within_a_supervisors_grace_while_long_generations_run(tmp_path: Path) -> None:
-    """SIGTERM with 1,500-token generations in flight: the engine used to finish them all first (92 s measured for
+    """SIGTERM with 1,500-token generations in flight: the engine used to finish them all first (92 and 118 s for
     four), past the run supervisor's 10 s grace, and was SIGKILLed; it now fails them after its shutdown grace.
     Sampled, a generation may end early at its end-of-text token: the test needs one still running at the stop."""
     with socket.socket() as probe:
