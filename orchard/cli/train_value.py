@@ -94,6 +94,8 @@ def value(
 
 
 DEFAULT_RERANK_K = 4
+DEFAULT_GREEDY_MARGIN = 0.1
+"""A value model rates plausible episodes within ~0.01 of each other; 0.1 leaves such near-ties to greedy decoding."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class HeldoutOptions:
     attempts: int | None = None
     by: tuple[str, ...] = ()
     greedy_first: bool = False
+    greedy_margin: float | None = None
     wait_for_engine: str | None = None
     wait_timeout_s: float = 600.0
 
@@ -138,6 +141,14 @@ def eval_rerank(
         "--greedy-first",
         help="With --tasks and K > 1: each task's first episode decodes greedily (temperature 0), the others at "
         "--temperature, so the candidates include the greedy answer.",
+    ),
+    greedy_margin: float | None = typer.Option(
+        None,
+        "--greedy-margin",
+        min=0.0,
+        max=1.0,
+        help="With --greedy-first and --rerank: the greedy episode is kept unless the value model rates another more "
+        "than this much higher (P(success); default 0.1); 0 picks the highest score.",
     ),
     attempts: int | None = typer.Option(
         None,
@@ -201,6 +212,10 @@ def eval_rerank(
         )
     if tasks is None and (attempts is not None or by or greedy_first):
         raise OrchardError("--attempts, --by and --greedy-first belong to a held-out evaluation: give --tasks")
+    if greedy_margin is not None and not (greedy_first and rerank is not None and rerank > 1):
+        raise OrchardError(
+            "--greedy-margin decides between the greedy episode and the others: give --greedy-first and --rerank K > 1"
+        )
     if tasks is None and wait_for_engine:
         raise OrchardError("--wait-for-engine belongs to a held-out evaluation: give --tasks")
     if plot:
@@ -208,7 +223,7 @@ def eval_rerank(
     elif tasks is not None:
         options = HeldoutOptions(
             tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts,
-            tuple(by or ()), greedy_first, wait_for_engine, wait_timeout_s,
+            tuple(by or ()), greedy_first, greedy_margin, wait_for_engine, wait_timeout_s,
         )  # fmt: skip
         _heldout(ctx, options, rerank, value_model, name)
     else:
@@ -270,14 +285,29 @@ def _heldout(
     with cli.bus() as bus, tempfile.TemporaryDirectory() as tmp:
         picker: Picker | None = None
         if selection == "rerank":
-            picker = _value_picker(ctx, bus, config.run_id, value_model, name, Path(tmp))
+            margin = None
+            if options.greedy_first:
+                margin = DEFAULT_GREEDY_MARGIN if options.greedy_margin is None else options.greedy_margin
+            picker = _value_picker(ctx, bus, config.run_id, value_model, name, Path(tmp), margin)
         try:
             result = evaluate_heldout(bus, heldout, list(labels), submitter, picker=picker, labels=labels)
         finally:
             submitter.close()
+        _print_picks(picker)
     rows = record_stage(options.run_dir, result)
     _print_heldout(result, options.run_dir)
     _print_paired(next(row for row in rows if row.stage == result.stage))
+
+
+def _print_picks(picker: Picker | None) -> None:
+    """How often the value model overrode the greedy episode (and how often a near-tie kept it)."""
+    from orchard.evaluation.rerank import ValuePicker
+
+    if isinstance(picker, ValuePicker) and picker.keep_first_within is not None:
+        console.print(
+            f"value model: greedy episode replaced in {picker.overrides} tasks, kept within "
+            f"{picker.keep_first_within} of the best in {picker.kept_first}; fallbacks {picker.fallbacks}"
+        )
 
 
 def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float) -> None:
@@ -298,12 +328,14 @@ def _selection(attempts: int | None, rerank: int | None) -> tuple[int, str]:
     return 1, "first"
 
 
-def _value_picker(ctx: typer.Context, bus: Bus, run_id: str, value_model: Path | None, name: str, tmp: Path) -> Picker:
+def _value_picker(
+    ctx: typer.Context, bus: Bus, run_id: str, value_model: Path | None, name: str, tmp: Path, margin: float | None
+) -> Picker:
     from orchard.evaluation.rerank import BusTrajectories, ValuePicker
     from trainers.rerank import Reranker
 
     model = _load_value_model(ctx, value_model, name, tmp)
-    return ValuePicker(Reranker(model), BusTrajectories(bus, run_id))
+    return ValuePicker(Reranker(model), BusTrajectories(bus, run_id), keep_first_within=margin)
 
 
 def _print_heldout(result: HeldoutResult, run_dir: Path) -> None:

@@ -48,11 +48,30 @@ class CandidateRanker(Protocol):
 
 
 class ValuePicker:
-    """A ``Picker`` choosing the episode the value model rates most likely to succeed."""
+    """A ``Picker`` choosing the episode the value model rates most likely to succeed.
 
-    def __init__(self, reranker: CandidateRanker, fetch: TrajectoryFetch, *, wait_s: float = 120.0) -> None:
+    With ``keep_first_within`` (for candidates whose first is the greedy answer: ``--greedy-first``), the task's first
+    episode stands unless the value model rates another more than that much higher (P(success) points). A value
+    model rates every plausible episode about alike (0.985 against 0.985 in the file-lookup recipe), so a plain
+    argmax decides among near-ties by noise and trades greedy answers that succeed for sampled ones that fail; the
+    margin leaves such ties to greedy decoding, which succeeds more often than sampling.
+    """
+
+    def __init__(
+        self,
+        reranker: CandidateRanker,
+        fetch: TrajectoryFetch,
+        *,
+        wait_s: float = 120.0,
+        keep_first_within: float | None = None,
+    ) -> None:
+        if keep_first_within is not None and not 0.0 <= keep_first_within <= 1.0:
+            raise ValueError(f"keep_first_within must be within [0, 1], got {keep_first_within}")
         self.reranker, self.fetch, self.wait_s = reranker, fetch, wait_s
+        self.keep_first_within = keep_first_within
         self.fallbacks = 0
+        self.overrides = 0
+        self.kept_first = 0
         self._deadline: float | None = None
 
     def __call__(self, task_id: str, candidates: Sequence[EpisodeResult]) -> EpisodeResult:
@@ -69,7 +88,13 @@ class ValuePicker:
             log.warning("no trajectories to rerank; first episode counts", task_id=task_id, episodes=len(finished))
             return finished[0]
         result = self.reranker.pick([Candidate.from_trajectory(trajectories[c.episode_id]) for c in scored])
-        return scored[result.best_index]
+        best = result.best_index
+        if self.keep_first_within is not None and best != 0 and scored[0].index == 0:
+            if result.scores[best] - result.scores[0] <= self.keep_first_within:
+                self.kept_first += 1
+                return scored[0]
+            self.overrides += 1
+        return scored[best]
 
 
 class BusTrajectories:

@@ -187,6 +187,13 @@ def test_eval_options_of_a_held_out_evaluation_without_tasks_are_refused_by_name
     assert "--greedy-first belong to a held-out evaluation: give --tasks" in said
 
 
+def test_eval_refuses_a_greedy_margin_without_a_greedy_candidate_to_keep(tmp_path: Path) -> None:
+    result = orchard("eval", "--tasks", ".", "--rerank", "4", "--greedy-margin", "0.1", cwd=tmp_path)
+    assert result.returncode != 0
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "give --greedy-first and --rerank K > 1" in said
+
+
 def test_eval_refuses_to_wait_for_the_engine_without_a_held_out_evaluation(tmp_path: Path) -> None:
     result = orchard("eval", "--wait-for-engine", "http://127.0.0.1:9", "--plot", "--run-dir", ".", cwd=tmp_path)
     assert result.returncode != 0
