@@ -47,6 +47,13 @@ def engine_serve(
         None, "--default-max-tokens", min=1, help="Local engine: completion length of a request giving none (256)."
     ),
     reload: bool = typer.Option(False, "--reload/--no-reload", help="Follow policy-versions and hot-reload weights."),
+    cpu_threads: int | None = typer.Option(
+        None,
+        "--cpu-threads",
+        min=1,
+        help="Local engine on a CPU: torch threads (default: torch's, one per core). 1 suits a tiny model sharing "
+        "the cores with a trainer.",
+    ),
     max_version: int | None = typer.Option(
         None, "--max-version", min=0, help="With --reload: serve no newer version (a frozen teacher or reference)."
     ),
@@ -79,6 +86,8 @@ def engine_serve(
         settings["served_model_name"] = served_model_name
     if default_max_tokens is not None:
         settings["default_max_tokens"] = default_max_tokens
+    if cpu_threads is not None:
+        settings["cpu_threads"] = cpu_threads
     vllm = {"url": vllm_url, "gpu_memory_utilization": gpu_memory_utilization}
     if any(value is not None for value in vllm.values()):
         settings["vllm"] = {key: value for key, value in vllm.items() if value is not None}

@@ -69,6 +69,7 @@ def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: P
             args = ["engine", "serve", "--model", spec.model, "--backend", spec.backend, "--host", spec.host,
                     "--port", str(spec.port), "--max-batch-size", str(spec.max_batch_size),
                     "--reload" if spec.reload else "--no-reload"]  # fmt: skip
+            args += ["--cpu-threads", str(spec.cpu_threads)] if spec.cpu_threads is not None else []
         case ScriptedEngineComponent():
             args = ["engine", "scripted", str(spec.plan), "--host", spec.host, "--port", str(spec.port),
                     "--policy-version", str(spec.policy_version)]  # fmt: skip

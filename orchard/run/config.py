@@ -116,6 +116,9 @@ class EngineComponent(_Server):
     reload: bool = Field(False, description="Follow policy-versions and hot-reload weights.")
     backend: Literal["local", "vllm"] = "local"
     max_batch_size: int = Field(32, ge=1)
+    cpu_threads: int | None = Field(
+        None, ge=1, description="Local engine on a CPU: torch threads (default: one per core); `--cpu-threads`."
+    )
 
 
 class ScriptedEngineComponent(_Server):

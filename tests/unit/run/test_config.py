@@ -121,6 +121,17 @@ def test_relative_paths_are_relative_to_the_recipe_and_commands_match_the_cli(tm
     ]  # fmt: skip
 
 
+def test_an_engines_cpu_threads_become_its_cpu_threads_option(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "components:\n  engine: {kind: engine, port: 9001, cpu_threads: 1}\n  other: {kind: engine, port: 9002}\n"
+    )
+    config = load_run_config(path)
+    args = component_args("engine", config.components["engine"], config, tmp_path)
+    assert args[args.index("--cpu-threads") + 1] == "1"
+    assert "--cpu-threads" not in component_args("other", config.components["other"], config, tmp_path)
+
+
 def test_recipe_dir_in_the_recorded_blocks_becomes_the_recipes_folder_for_the_setup_stage_that_reads_them(
     tmp_path: Path,
 ) -> None:
