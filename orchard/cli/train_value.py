@@ -115,7 +115,7 @@ class HeldoutOptions:
     attempts: int | None = None
     by: tuple[str, ...] = ()
     greedy_first: bool = False
-    greedy_margin: float | None = None
+    greedy_margin: float | None = None  # resolved: None keeps no episode first (no --greedy-first)
     wait_for_engine: str | None = None
     wait_timeout_s: float = 600.0
 
@@ -223,7 +223,8 @@ def eval_rerank(
     elif tasks is not None:
         options = HeldoutOptions(
             tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts,
-            tuple(by or ()), greedy_first, greedy_margin, wait_for_engine, wait_timeout_s,
+            tuple(by or ()), greedy_first, _keep_greedy_within(greedy_first, greedy_margin), wait_for_engine,
+            wait_timeout_s,
         )  # fmt: skip
         _heldout(ctx, options, rerank, value_model, name)
     else:
@@ -285,10 +286,7 @@ def _heldout(
     with cli.bus() as bus, tempfile.TemporaryDirectory() as tmp:
         picker: Picker | None = None
         if selection == "rerank":
-            margin = None
-            if options.greedy_first:
-                margin = DEFAULT_GREEDY_MARGIN if options.greedy_margin is None else options.greedy_margin
-            picker = _value_picker(ctx, bus, config.run_id, value_model, name, Path(tmp), margin)
+            picker = _value_picker(ctx, bus, config.run_id, value_model, name, Path(tmp), options.greedy_margin)
         try:
             result = evaluate_heldout(bus, heldout, list(labels), submitter, picker=picker, labels=labels)
         finally:
@@ -297,6 +295,13 @@ def _heldout(
     rows = record_stage(options.run_dir, result)
     _print_heldout(result, options.run_dir)
     _print_paired(next(row for row in rows if row.stage == result.stage))
+
+
+def _keep_greedy_within(greedy_first: bool, greedy_margin: float | None) -> float | None:
+    """The margin the greedy episode keeps its place within: none without --greedy-first, else the given or default."""
+    if not greedy_first:
+        return None
+    return DEFAULT_GREEDY_MARGIN if greedy_margin is None else greedy_margin
 
 
 def _print_picks(picker: Picker | None) -> None:
