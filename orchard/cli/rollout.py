@@ -52,8 +52,17 @@ def rollout_run(
     wait_timeout: float = typer.Option(
         3600.0, "--wait-timeout", min=1.0, help="Longest wait for a round's (or the demos') outcomes, seconds."
     ),
+    new_policy_wait: float | None = typer.Option(
+        None,
+        "--new-policy-wait",
+        min=0.001,
+        help="Before each round after the first, wait up to this many seconds for a newer policy version of the run "
+        "(keeps rollouts near on-policy when the trainer is slower than the episodes).",
+    ),
 ) -> None:
     """Roll out tasks (BAR rounds) or expert demonstrations on Orchard Env; exit 0 when all have outcomes."""
+    if demos is not None and new_policy_wait is not None:
+        raise ConfigError("--new-policy-wait applies to rollout rounds, not to --demos")
     config = state(ctx).config()
     token = os.environ.get(ENV_TOKEN, "")
     if not token:
@@ -68,7 +77,7 @@ def rollout_run(
         else:
             bar = (budget, min_rollouts, max_rollouts, max_task_outcomes)
             missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes, bar,
-                                  episode_timeout, wait_timeout)  # fmt: skip
+                                  episode_timeout, wait_timeout, new_policy_wait)  # fmt: skip
     finally:
         submitter.close()
         bus.close()
@@ -128,6 +137,7 @@ def _run_demos(
 def _run_rounds(
     bus: Bus, run_id: str, submit: SubmitFn, task_ids: list[str], harness: str, model: str, rounds: int | None,
     episodes: int | None, bar: tuple[int, int, int, int | None], episode_timeout: float | None, wait_timeout: float,
+    new_policy_wait: float | None = None,
 ) -> int:  # fmt: skip
     """BAR rounds through the rollout scheduler; the episodes of the last round still without an outcome."""
     from producers.rollout.balanced import BalancedRolloutConfig
@@ -138,11 +148,12 @@ def _run_rounds(
         run_id=run_id, tasks=task_ids, harness=harness, model=model, rounds=rounds or 1, max_episodes=episodes,
         rollout=BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
                                       max_task_outcomes=max_task_outcomes),
-        round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout,
+        round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout, new_policy_wait_s=new_policy_wait,
     )  # fmt: skip
     scheduler = run_rollout_scheduler(bus, config, submit)
     log.info("rollout finished", run_id=run_id, rounds=scheduler.rounds_submitted, episodes=scheduler.submitted,
-             timed_out_rounds=scheduler.timed_out_rounds, out_of_tasks=scheduler.out_of_tasks)  # fmt: skip
+             timed_out_rounds=scheduler.timed_out_rounds, out_of_tasks=scheduler.out_of_tasks,
+             rounds_without_new_policy=scheduler.rounds_without_new_policy)  # fmt: skip
     if scheduler.out_of_tasks:  # fewer episodes than asked for: the stage must not pass as if it had them all
         err_console.print(f"[red]every task reached --max-task-outcomes after {scheduler.rounds_submitted} of "
                           f"{rounds or 1} rounds: give more tasks, fewer rounds or a higher cap[/]")  # fmt: skip

@@ -101,6 +101,7 @@ def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: P
             args += ["--episodes", str(spec.episodes)] if spec.episodes else []
             args += ["--max-task-outcomes", str(spec.max_task_outcomes)] if spec.max_task_outcomes else []
             args += ["--episode-timeout", str(spec.episode_timeout_s)] if spec.episode_timeout_s else []
+            args += ["--new-policy-wait", str(spec.new_policy_wait_s)] if spec.new_policy_wait_s else []
         case CommandComponent():
             return expand_urls([*spec.run, *spec.args], config)
     return [*args, *spec.args]

@@ -217,6 +217,11 @@ class RolloutComponent(_Component):
     )
     episode_timeout_s: float | None = Field(None, ge=1, description="Override of Env's per-episode limit.")
     wait_timeout_s: float = Field(3600.0, ge=1, description="Longest wait for a round's outcomes (then exit 1).")
+    new_policy_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="Before each round after the first, wait up to this long for a newer policy version of the run.",
+    )
 
     def references(self) -> list[str]:
         """The Env, when ``env`` names a component."""

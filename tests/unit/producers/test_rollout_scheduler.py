@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -159,3 +161,92 @@ def test_the_scheduler_ends_and_says_so_when_every_task_has_reached_max_task_out
 
     assert len(submitted) == 4 and {request.task_id for request in submitted} == set(settings.tasks)
     assert (scheduler.rounds_submitted, scheduler.out_of_tasks) == (2, True)  # not 5 rounds, 3 of them empty
+
+
+def test_a_round_awaits_a_policy_version_newer_than_the_one_the_last_round_started_with() -> None:
+    scheduler = RolloutScheduler(config(new_policy_wait_s=5.0), [].append)
+    assert scheduler.observe_policy_version({"run_id": "run-1", "version": 2}) is True
+    assert not scheduler.awaits_new_policy  # the first round never waits
+
+    scheduler.submit_round()
+
+    assert scheduler.awaits_new_policy
+    assert scheduler.observe_policy_version({"run_id": "another-run", "version": 9}) is False
+    scheduler.observe_policy_version({"run_id": "run-1", "version": 2})  # the same version again
+    assert scheduler.awaits_new_policy
+    scheduler.observe_policy_version({"run_id": "run-1", "version": 3})
+    assert not scheduler.awaits_new_policy
+
+
+def test_without_new_policy_wait_rounds_never_wait() -> None:
+    scheduler = RolloutScheduler(config(), [].append)
+    scheduler.submit_round()
+    assert not scheduler.awaits_new_policy
+
+
+def _run_with_versions(
+    tmp_path: Path, settings: RolloutSchedulerConfig, publish_after_round: bool
+) -> tuple[list[str], RolloutScheduler]:
+    """Run the scheduler on an embedded bus whose Env answers at once; optionally a trainer publishes a version after
+    each round's outcomes. Returns the order of events ("round N", "version V") and the scheduler."""
+    from orchard.bus import open_bus
+    from orchard.config import EmbeddedBusConfig
+    from producers.rollout.scheduler import run_rollout_scheduler
+
+    events: list[str] = []
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        codec = Codec.default()
+        bus.create_topic(settings.versions_topic, exist_ok=True)
+        with bus.producer() as producer:
+            seen_groups: set[str] = set()
+
+            def publish_version(version: int) -> None:
+                record = {"run_id": "run-1", "model": "policy", "version": version, "uri": "file:///w", "sha256": "0",
+                          "trainer_step": version, "metrics": {}, "created_at": 0}  # fmt: skip
+                producer.send(settings.versions_topic, codec.encode("PolicyVersion", record), key=b"policy")
+                producer.flush()
+                events.append(f"version {version}")
+
+            publish_version(1)
+
+            def submit(request: EpisodeRequest) -> None:
+                if request.group_id not in seen_groups:
+                    seen_groups.add(request.group_id)
+                    events.append(f"group {request.group_id}")
+                record = {**outcome(request, True), "reward": 1.0, "num_model_calls": 1, "started_at": 1, "ended_at": 1}
+                producer.send(settings.topic, codec.encode("EpisodeOutcome", record), key=request.episode_id.encode())
+                producer.flush()
+
+            def submit_and_train(request: EpisodeRequest) -> None:
+                submit(request)
+                # the "trainer" publishes one version per round, after the round's last episode
+                if publish_after_round and request.episode_id.endswith(f"-{settings.rollout.budget - 1}"):
+                    threading.Timer(0.3, publish_version, args=(len(seen_groups) + 1,)).start()
+
+            scheduler = run_rollout_scheduler(bus, settings, submit_and_train if publish_after_round else submit,
+                                              codec=codec)  # fmt: skip
+    return events, scheduler
+
+
+def test_with_new_policy_wait_each_round_starts_only_after_the_trainer_published_a_newer_version(
+    tmp_path: Path,
+) -> None:
+    settings = config(rounds=3, tasks=["t"], new_policy_wait_s=30.0,
+                      rollout=BalancedRolloutConfig(budget=2, min_rollouts=2, max_rollouts=2))  # fmt: skip
+
+    events, scheduler = _run_with_versions(tmp_path, settings, publish_after_round=True)
+
+    assert events == ["version 1", "group r000000-t", "version 2", "group r000001-t", "version 3", "group r000002-t"]
+    assert scheduler.rounds_without_new_policy == 0
+
+
+def test_a_round_goes_ahead_after_new_policy_wait_when_no_version_comes_and_is_counted(tmp_path: Path) -> None:
+    settings = config(rounds=3, tasks=["t"], new_policy_wait_s=0.5,
+                      rollout=BalancedRolloutConfig(budget=2, min_rollouts=2, max_rollouts=2))  # fmt: skip
+    started = time.monotonic()
+
+    events, scheduler = _run_with_versions(tmp_path, settings, publish_after_round=False)
+
+    assert events == ["version 1", "group r000000-t", "group r000001-t", "group r000002-t"]
+    assert scheduler.rounds_without_new_policy == 2
+    assert time.monotonic() - started >= 1.0  # two waits of 0.5 s

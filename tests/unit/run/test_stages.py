@@ -66,6 +66,29 @@ def test_a_rollouts_task_outcome_cap_reaches_its_command_and_the_cli_accepts_it(
     assert "--max-task-outcomes" in usage.output
 
 
+def test_a_rollouts_new_policy_wait_reaches_its_command_and_the_cli_refuses_it_for_demos(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import app
+
+    parts = recipe()["components"]
+    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "rounds": 3, "new_policy_wait_s": 30}
+    config = parse_run_config(recipe(components=parts), "recipe.yaml")
+    command = component_command("rl", config.components["rl"], config, tmp_path)
+    assert command[command.index("--new-policy-wait") + 1] == "30.0"
+    assert "--new-policy-wait" not in component_command("demos", config.components["demos"], config, tmp_path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "demos").mkdir()
+    refused = CliRunner().invoke(
+        app,
+        ["rollout", "run", "--env", "http://127.0.0.1:9", "--tasks", str(tmp_path / "tasks"), "--demos",
+         str(tmp_path / "demos"), "--new-policy-wait", "5"],
+        env={"ORCHARD_ENV_TOKEN": "t"},
+    )  # fmt: skip
+    assert refused.exit_code != 0
+    assert "--new-policy-wait applies to rollout rounds" in str(refused.output) + str(refused.exception)
+
+
 def test_stages_start_their_components_in_order_and_end_on_exits_then_stop_what_they_name() -> None:
     config = parse_run_config(recipe(), "recipe.yaml")
     runner, events = StageRunner(config, probe=None), []
