@@ -23,6 +23,7 @@ from orchard.cli.common import err_console, state
 from orchard.episode_requests import EpisodeRequest, SubmitFn
 from orchard.exceptions import ConfigError
 from orchard.logging import get_logger
+from producers.rollout.balanced import BalancedRolloutConfig
 from producers.rollout.scheduler import EnvSubmitter
 
 app = typer.Typer(help="Start episodes on Orchard Env: Balanced Adaptive Rollout rounds, or expert demonstrations.")
@@ -47,6 +48,12 @@ def rollout_run(
     max_rollouts: int = typer.Option(32, "--max-rollouts", min=1, help="BAR: cap on one task's group per round."),
     max_task_outcomes: int | None = typer.Option(
         None, "--max-task-outcomes", min=1, help="BAR: a task with this many outcomes in the run gets no more rollouts."
+    ),
+    prior_successes: float = typer.Option(
+        1.0, "--prior-successes", min=0.001, help="BAR: pseudo-successes of every task's prior (with --prior-failures)."
+    ),
+    prior_failures: float = typer.Option(
+        1.0, "--prior-failures", min=0.001, help="BAR: pseudo-failures of every task's prior (uniform: 1 and 1)."
     ),
     episode_timeout: float | None = typer.Option(None, "--episode-timeout", min=1.0, help="Env's per-episode limit."),
     wait_timeout: float = typer.Option(
@@ -75,7 +82,9 @@ def rollout_run(
             missing = _run_demos(bus, config.run_id, submitter, demos, task_ids, harness, model, episodes,
                                  episode_timeout, wait_timeout)  # fmt: skip
         else:
-            bar = (budget, min_rollouts, max_rollouts, max_task_outcomes)
+            bar = BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
+                                        max_task_outcomes=max_task_outcomes, prior_successes=prior_successes,
+                                        prior_failures=prior_failures)  # fmt: skip
             missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes, bar,
                                   episode_timeout, wait_timeout, new_policy_wait)  # fmt: skip
     finally:
@@ -136,18 +145,15 @@ def _run_demos(
 
 def _run_rounds(
     bus: Bus, run_id: str, submit: SubmitFn, task_ids: list[str], harness: str, model: str, rounds: int | None,
-    episodes: int | None, bar: tuple[int, int, int, int | None], episode_timeout: float | None, wait_timeout: float,
+    episodes: int | None, bar: BalancedRolloutConfig, episode_timeout: float | None, wait_timeout: float,
     new_policy_wait: float | None = None,
 ) -> int:  # fmt: skip
     """BAR rounds through the rollout scheduler; the episodes of the last round still without an outcome."""
-    from producers.rollout.balanced import BalancedRolloutConfig
     from producers.rollout.scheduler import RolloutSchedulerConfig, run_rollout_scheduler
 
-    budget, min_rollouts, max_rollouts, max_task_outcomes = bar
     config = RolloutSchedulerConfig(
         run_id=run_id, tasks=task_ids, harness=harness, model=model, rounds=rounds or 1, max_episodes=episodes,
-        rollout=BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
-                                      max_task_outcomes=max_task_outcomes),
+        rollout=bar,
         round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout, new_policy_wait_s=new_policy_wait,
     )  # fmt: skip
     scheduler = run_rollout_scheduler(bus, config, submit)

@@ -123,8 +123,9 @@ def test_a_floor_above_the_cap_is_refused_by_name() -> None:
 
 def test_a_task_with_max_task_outcomes_outcomes_gets_no_more_rollouts_so_rounds_reach_untried_tasks() -> None:
     tasks = [f"t{index}" for index in range(6)]
-    uncapped, capped = policy(budget=4, min_rollouts=2, max_rollouts=2), policy(
-        budget=4, min_rollouts=2, max_rollouts=2, max_task_outcomes=2
+    uncapped, capped = (
+        policy(budget=4, min_rollouts=2, max_rollouts=2),
+        policy(budget=4, min_rollouts=2, max_rollouts=2, max_task_outcomes=2),
     )
     tried: dict[str, set[str]] = {"uncapped": set(), "capped": set()}
     for _ in range(3):
@@ -139,3 +140,20 @@ def test_a_task_with_max_task_outcomes_outcomes_gets_no_more_rollouts_so_rounds_
     assert tried["uncapped"] == {"t0", "t1"}  # the mixed tasks keep outbidding the untried ones
     assert tried["capped"] == set(tasks)
     assert capped.allocate(tasks) == dict.fromkeys(tasks, 0)  # every task spent: nothing left to give
+
+
+def test_with_a_prior_at_the_policys_success_rate_a_task_it_mostly_fails_outbids_one_it_solves_and_unseen_ones() -> (
+    None
+):
+    bar = BalancedRollout(BalancedRolloutConfig(budget=8, min_rollouts=0, max_rollouts=8, prior_successes=8,
+                                                prior_failures=2))  # fmt: skip
+    for index in range(8):
+        bar.observe("mostly-failed", success=index == 0)
+        bar.observe("solved", success=True)
+
+    assert bar.allocate(["mostly-failed", "solved", "unseen"]) == {"mostly-failed": 8, "solved": 0, "unseen": 0}
+    # under the uniform prior the same evidence ranks the unseen task first: 1 in 8 looks like a settled failure
+    uniform = BalancedRollout(BalancedRolloutConfig(budget=8, min_rollouts=0, max_rollouts=8))
+    for index in range(8):
+        uniform.observe("mostly-failed", success=index == 0)
+    assert uniform.allocate(["mostly-failed", "unseen"]) == {"mostly-failed": 0, "unseen": 8}

@@ -77,6 +77,7 @@ def test_a_rollouts_new_policy_wait_reaches_its_command_and_the_cli_refuses_it_f
     command = component_command("rl", config.components["rl"], config, tmp_path)
     assert command[command.index("--new-policy-wait") + 1] == "30.0"
     assert "--new-policy-wait" not in component_command("demos", config.components["demos"], config, tmp_path)
+    assert "--prior-successes" not in command  # the uniform prior is the CLI's default
     (tmp_path / "tasks").mkdir()
     (tmp_path / "demos").mkdir()
     refused = CliRunner().invoke(
@@ -149,3 +150,18 @@ def test_caught_up_alone_is_a_condition() -> None:
     assert parse_run_config(only, "recipe.yaml").stages[0].until.caught_up == ["g"]  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="caught_up"):
         parse_run_config(recipe(stages=[{"name": "a", "components": [], "until": {}}]), "recipe.yaml")
+
+
+def test_a_rollouts_bar_prior_reaches_its_command_and_the_cli_accepts_it(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchard.cli.main import app
+
+    parts = recipe()["components"]
+    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "prior_successes": 8, "prior_failures": 2}
+    config = parse_run_config(recipe(components=parts), "recipe.yaml")
+    command = component_command("rl", config.components["rl"], config, tmp_path)
+    assert command[command.index("--prior-successes") + 1] == "8.0"
+    assert command[command.index("--prior-failures") + 1] == "2.0"
+    usage = CliRunner().invoke(app, ["rollout", "run", "--help"], terminal_width=200)
+    assert "--prior-successes" in usage.output and "--prior-failures" in usage.output
