@@ -15,6 +15,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Literal, cast
 
 import typer
 
@@ -55,6 +56,9 @@ def rollout_run(
     prior_failures: float = typer.Option(
         1.0, "--prior-failures", min=0.001, help="BAR: pseudo-failures of every task's prior (uniform: 1 and 1)."
     ),
+    aim: str = typer.Option(
+        "mixed", "--aim", help="BAR: mixed (every mixed group alike) or failing (tasks the policy mostly fails first)."
+    ),
     episode_timeout: float | None = typer.Option(None, "--episode-timeout", min=1.0, help="Env's per-episode limit."),
     wait_timeout: float = typer.Option(
         3600.0, "--wait-timeout", min=1.0, help="Longest wait for a round's (or the demos') outcomes, seconds."
@@ -68,6 +72,8 @@ def rollout_run(
     ),
 ) -> None:
     """Roll out tasks (BAR rounds) or expert demonstrations on Orchard Env; exit 0 when all have outcomes."""
+    if aim not in ("mixed", "failing"):
+        raise typer.BadParameter(f"--aim {aim!r}: 'mixed' or 'failing'")
     if demos is not None and new_policy_wait is not None:
         raise ConfigError("--new-policy-wait applies to rollout rounds, not to --demos")
     config = state(ctx).config()
@@ -84,7 +90,8 @@ def rollout_run(
         else:
             bar = BalancedRolloutConfig(budget=budget, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
                                         max_task_outcomes=max_task_outcomes, prior_successes=prior_successes,
-                                        prior_failures=prior_failures)  # fmt: skip
+                                        prior_failures=prior_failures,
+                                        aim=cast(Literal["mixed", "failing"], aim))  # fmt: skip
             missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes, bar,
                                   episode_timeout, wait_timeout, new_policy_wait)  # fmt: skip
     finally:

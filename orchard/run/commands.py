@@ -102,6 +102,7 @@ def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: P
             args += ["--max-task-outcomes", str(spec.max_task_outcomes)] if spec.max_task_outcomes else []
             args += ["--episode-timeout", str(spec.episode_timeout_s)] if spec.episode_timeout_s else []
             args += ["--new-policy-wait", str(spec.new_policy_wait_s)] if spec.new_policy_wait_s else []
+            args += ["--aim", spec.aim] if spec.aim != "mixed" else []
             if (spec.prior_successes, spec.prior_failures) != (1.0, 1.0):
                 args += ["--prior-successes", str(spec.prior_successes), "--prior-failures", str(spec.prior_failures)]
         case CommandComponent():

@@ -217,6 +217,7 @@ class RolloutComponent(_Component):
     )
     prior_successes: float = Field(1.0, gt=0, description="BAR: pseudo-successes of every task's prior.")
     prior_failures: float = Field(1.0, gt=0, description="BAR: pseudo-failures of every task's prior.")
+    aim: Literal["mixed", "failing"] = Field("mixed", description="BAR: which mixed groups come first.")
     episode_timeout_s: float | None = Field(None, ge=1, description="Override of Env's per-episode limit.")
     wait_timeout_s: float = Field(3600.0, ge=1, description="Longest wait for a round's outcomes (then exit 1).")
     new_policy_wait_s: float | None = Field(

@@ -25,6 +25,13 @@ tasks instead of the split. ``max_task_outcomes`` caps that: a task with that ma
 demonstrations included) gets no more rollouts, so later rounds go to tasks not yet tried. It is a function of the
 outcomes alone, so a restarted scheduler, replaying them, allocates as before.
 
+**Aim.** Every mixed group teaches something, but not every lesson moves a greedy answer: a task the policy solves
+3 times in 4 at its sampling temperature is usually solved greedily already, and making its samples surer changes
+no held-out result. With ``aim="failing"`` a group's value is ``g(n)`` times the task's expected failure rate
+``E[1 - p] = b / (a + b)``, so rounds go to the mixed groups of tasks the policy mostly fails (where the greedy
+answer is likely wrong) before the mixed groups of tasks it mostly solves. ``aim="mixed"`` (the default) values
+every mixed group alike.
+
 **Allocation.** Every task first gets the exploration floor ``min_rollouts`` (so estimates keep following the policy
 and a task that starts to succeed is noticed); the rest of the budget is handed out greedily by the best average
 marginal value ``max_k (g(n+k) - g(n)) / k`` (the look-ahead makes the greedy work for ``g``, which is not concave:
@@ -38,7 +45,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -58,6 +65,11 @@ class BalancedRolloutConfig(BaseModel):
     )
     ignored_statuses: tuple[str, ...] = Field(
         ("CANCELLED",), description="Outcome statuses that are no evidence about the policy."
+    )
+    aim: Literal["mixed", "failing"] = Field(
+        "mixed",
+        description="mixed: value every expected mixed group alike; failing: weigh a task's groups by its expected "
+        "failure rate, so tasks the policy mostly fails come first.",
     )
     max_task_outcomes: int | None = Field(
         None,
@@ -144,9 +156,13 @@ class BalancedRollout:
         return self.observe(str(record["task_id"]), bool(record["success"]), str(record["status"]))
 
     def signal_value(self, task_id: str, n: int) -> float:
-        """``g(n)``: the expected number of rollouts carrying signal if ``task_id`` gets ``n`` of them."""
+        """``g(n)``: the expected number of rollouts carrying signal if ``task_id`` gets ``n`` of them (times the
+        expected failure rate with ``aim="failing"``)."""
         estimate = self.estimate(task_id)
-        return n * expected_mixed_probability(estimate.alpha, estimate.beta, n)
+        return n * expected_mixed_probability(estimate.alpha, estimate.beta, n) * self._weight(estimate)
+
+    def _weight(self, estimate: TaskEstimate) -> float:
+        return 1.0 - estimate.success_rate if self.config.aim == "failing" else 1.0
 
     def allocate(self, task_ids: Iterable[str], budget: int | None = None) -> dict[str, int]:
         """Rollouts per task for the next round (every task listed, possibly 0), summing to at most ``budget``.
@@ -178,7 +194,8 @@ class BalancedRollout:
     def _values(self, task_id: str, cap: int) -> list[float]:
         estimate = self.estimate(task_id)
         curve = _mixed_curve(estimate.alpha, estimate.beta, cap)
-        return [n * mixed for n, mixed in enumerate(curve)]
+        weight = self._weight(estimate)
+        return [n * mixed * weight for n, mixed in enumerate(curve)]
 
     def _floors(self, tasks: Sequence[str], values: Mapping[str, list[float]], budget: int) -> dict[str, int]:
         floor = self.config.min_rollouts

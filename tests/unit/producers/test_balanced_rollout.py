@@ -157,3 +157,20 @@ def test_with_a_prior_at_the_policys_success_rate_a_task_it_mostly_fails_outbids
     for index in range(8):
         uniform.observe("mostly-failed", success=index == 0)
     assert uniform.allocate(["mostly-failed", "unseen"]) == {"mostly-failed": 0, "unseen": 8}
+
+
+def test_aiming_at_failing_tasks_sends_the_round_to_the_mixed_task_the_policy_mostly_fails() -> None:
+    def settle(aim: str) -> dict[str, int]:
+        bar = BalancedRollout(BalancedRolloutConfig(budget=8, min_rollouts=0, max_rollouts=8, aim=aim))  # type: ignore[arg-type]
+        for index in range(8):
+            bar.observe("a-mostly-solved", success=index >= 2)  # 6 of 8: its greedy answer is likely right already
+            bar.observe("b-mostly-failed", success=index < 2)  # 2 of 8: as likely to be mixed, likely wrong greedily
+        return bar.allocate(["a-mostly-solved", "b-mostly-failed"])
+
+    assert settle("mixed") == {"a-mostly-solved": 8, "b-mostly-failed": 0}  # a tie in value: the smaller id
+    assert settle("failing") == {"a-mostly-solved": 0, "b-mostly-failed": 8}
+
+
+def test_an_unknown_aim_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="aim"):
+        BalancedRolloutConfig(aim="greedy")  # type: ignore[arg-type]

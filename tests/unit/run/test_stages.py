@@ -152,16 +152,18 @@ def test_caught_up_alone_is_a_condition() -> None:
         parse_run_config(recipe(stages=[{"name": "a", "components": [], "until": {}}]), "recipe.yaml")
 
 
-def test_a_rollouts_bar_prior_reaches_its_command_and_the_cli_accepts_it(tmp_path: Path) -> None:
+def test_a_rollouts_bar_prior_and_aim_reach_its_command_and_the_cli_accepts_them(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from orchard.cli.main import app
 
     parts = recipe()["components"]
-    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "prior_successes": 8, "prior_failures": 2}
+    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "prior_successes": 8, "prior_failures": 2,
+                   "aim": "failing"}  # fmt: skip
     config = parse_run_config(recipe(components=parts), "recipe.yaml")
     command = component_command("rl", config.components["rl"], config, tmp_path)
     assert command[command.index("--prior-successes") + 1] == "8.0"
     assert command[command.index("--prior-failures") + 1] == "2.0"
+    assert command[command.index("--aim") + 1] == "failing"
     usage = CliRunner().invoke(app, ["rollout", "run", "--help"], terminal_width=200)
     assert "--prior-successes" in usage.output and "--prior-failures" in usage.output
