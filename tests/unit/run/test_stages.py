@@ -51,17 +51,23 @@ def test_rollout_and_command_components_become_their_commands_with_the_run_dir_f
     assert check[1] == f"{tmp_path.resolve()}/x.py"
 
 
+def rollout_command(tmp_path: Path, **fields: object) -> tuple[list[str], list[str]]:
+    """The command of a rollout component ``rl`` with ``fields``, and the recipe's demos component's command."""
+    parts = recipe()["components"]
+    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", **fields}
+    config = parse_run_config(recipe(components=parts), "recipe.yaml")
+    demos = component_command("demos", config.components["demos"], config, tmp_path)
+    return component_command("rl", config.components["rl"], config, tmp_path), demos
+
+
 def test_a_rollouts_task_outcome_cap_reaches_its_command_and_the_cli_accepts_it(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from orchard.cli.main import app
 
-    parts = recipe()["components"]
-    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "rounds": 3, "max_task_outcomes": 8}
-    config = parse_run_config(recipe(components=parts), "recipe.yaml")
-    command = component_command("rl", config.components["rl"], config, tmp_path)
+    command, demos = rollout_command(tmp_path, rounds=3, max_task_outcomes=8)
     assert command[command.index("--max-task-outcomes") + 1] == "8"
-    assert "--max-task-outcomes" not in component_command("demos", config.components["demos"], config, tmp_path)
+    assert "--max-task-outcomes" not in demos
     usage = CliRunner().invoke(app, ["rollout", "run", "--help"], terminal_width=200)
     assert "--max-task-outcomes" in usage.output
 
@@ -71,12 +77,9 @@ def test_a_rollouts_new_policy_wait_reaches_its_command_and_the_cli_refuses_it_f
 
     from orchard.cli.main import app
 
-    parts = recipe()["components"]
-    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "rounds": 3, "new_policy_wait_s": 30}
-    config = parse_run_config(recipe(components=parts), "recipe.yaml")
-    command = component_command("rl", config.components["rl"], config, tmp_path)
+    command, demos = rollout_command(tmp_path, rounds=3, new_policy_wait_s=30)
     assert command[command.index("--new-policy-wait") + 1] == "30.0"
-    assert "--new-policy-wait" not in component_command("demos", config.components["demos"], config, tmp_path)
+    assert "--new-policy-wait" not in demos
     assert "--prior-successes" not in command  # the uniform prior is the CLI's default
     (tmp_path / "tasks").mkdir()
     (tmp_path / "demos").mkdir()
@@ -157,11 +160,7 @@ def test_a_rollouts_bar_prior_and_aim_reach_its_command_and_the_cli_accepts_them
 
     from orchard.cli.main import app
 
-    parts = recipe()["components"]
-    parts["rl"] = {"kind": "rollout", "service": "env", "tasks": "/t", "prior_successes": 8, "prior_failures": 2,
-                   "aim": "failing"}  # fmt: skip
-    config = parse_run_config(recipe(components=parts), "recipe.yaml")
-    command = component_command("rl", config.components["rl"], config, tmp_path)
+    command, _ = rollout_command(tmp_path, prior_successes=8, prior_failures=2, aim="failing")
     assert command[command.index("--prior-successes") + 1] == "8.0"
     assert command[command.index("--prior-failures") + 1] == "2.0"
     assert command[command.index("--aim") + 1] == "failing"
