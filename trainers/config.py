@@ -184,6 +184,12 @@ class PolicyTrainerConfig(_Strict):
     checkpoint_every: int = Field(50, ge=1, description="Checkpoint to the store every N optimizer steps.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in the store (older ones are deleted).")
     publish_on_exit: bool = Field(True, description="Publish and checkpoint once more when the run ends.")
+    publish_on_idle: bool = Field(
+        False,
+        description="input: stream: also publish once the input ran dry (nothing queued, nothing arrived for "
+        "idle_flush_s) with steps trained since the last publish, so rollouts that wait for a newer policy "
+        "(a rollout's new_policy_wait_s) get one as soon as everything they made is trained.",
+    )
 
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None: run on).")
     input: Literal["stream", "complete"] = Field(
@@ -263,6 +269,7 @@ class PolicyTrainerConfig(_Strict):
 
     def _check_complete_input(self) -> None:
         idle = sorted({"idle_flush_s", "idle_exit_s"} & self.model_fields_set)
+        idle += ["publish_on_idle"] if self.publish_on_idle else []
         if idle:
             raise ValueError(
                 f"{', '.join(idle)}: not used with input: complete (no idle time decides a step or the end)"

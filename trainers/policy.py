@@ -139,7 +139,9 @@ class PolicyTrainer:
           optional KL to the stage's starting weights), normalised per token over the whole step, so accumulating
           over its rows gives the full-step gradient (``trainers.losses``).
         - **Publishing.** Every ``publish_every`` steps the weights go to the store and a ``PolicyVersion`` to the
-          bus: the engines' next version and the one staleness is judged against (``trainers.weights``).
+          bus: the engines' next version and the one staleness is judged against (``trainers.weights``). With
+          ``publish_on_idle``, also once a stream's input runs dry with steps unpublished: rollouts that wait for a
+          newer policy (``new_policy_wait_s``) would otherwise wait for samples only they can make.
         - **Exactly once.** A checkpoint holds the offsets after the records trained (and the pass); dead letters are
           flushed before it, the group's offsets committed only when they equal it, and a restart seeks there, so
           nothing is trained twice or skipped (``trainers.checkpoint``).
@@ -160,6 +162,10 @@ class PolicyTrainer:
         try:
             self._restore(consumer)
             for step in self.source.steps(consumer, router, self.intake):  # a batch of samples
+                if step.idle:  # the input ran dry: rollouts waiting for a newer policy get one now
+                    if self.step > self._last_published_step:
+                        self._publish(producer)
+                    continue
                 if step.samples:  # none: every record of the step was skipped or too stale
                     self._train(step)  # pack; forward, loss and backward per row; an optimizer step
                 self.source.settle(step, consumer)  # its records are trained; a pass or the stage may end here

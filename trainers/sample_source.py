@@ -63,11 +63,16 @@ class Queued:
 
 @dataclass
 class Step:
-    """The records one optimizer step consumes, the samples it trains on, and their lags."""
+    """The records one optimizer step consumes, the samples it trains on, and their lags.
+
+    ``idle`` marks no step at all but the news that a stream's input ran dry (``publish_on_idle``): nothing queued,
+    nothing arrived for ``idle_flush_s``.
+    """
 
     consumed: list[Queued]
     samples: list[Sample]
     lags: LagStats
+    idle: bool = False
 
 
 class SampleSource(ABC):
@@ -210,14 +215,14 @@ class StreamSource(SampleSource):
     def steps(self, consumer: Consumer, router: DeadLetterRouter, intake: SampleIntake) -> Iterator[Step]:
         """Poll, queue, and yield each step as it fills; a partial one after ``idle_flush_s``, at the end of a
         replayed pass and on a drain; end on a drain, at ``idle_exit_s`` (the first pass) or after the last pass."""
-        last_arrival = time.monotonic()
+        last_arrival, told_idle = time.monotonic(), False
         while not self.done():
             if self._replay_complete():  # restored at the very end of a replayed pass
                 self._next_epoch(consumer)
                 continue
             records = poll_through_self_fence(consumer, max_records=256, timeout_s=self.config.poll_timeout_s)
             if records:
-                last_arrival = time.monotonic()
+                last_arrival, told_idle = time.monotonic(), False
                 self._enqueue(records, router, intake)
             while not self.done() and (step := self._form_step(full_only=True)) is not None:
                 yield step
@@ -230,6 +235,10 @@ class StreamSource(SampleSource):
                 step = self._form_step(full_only=False)
                 if step is not None:
                     yield step
+            if (self.config.publish_on_idle and not told_idle and not records and not self._queue
+                    and idle >= self.config.idle_flush_s and not self.done()):  # fmt: skip
+                told_idle = True  # once per dry spell: the trainer publishes what it trained, if anything
+                yield Step(consumed=[], samples=[], lags=LagStats(), idle=True)
             if self._drain_requested.is_set() and self.epoch == 0 and self._drained(consumer):
                 while not self.done() and self._queue and (step := self._form_step(full_only=False)) is not None:
                     yield step

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -531,3 +532,36 @@ def test_sigterm_drains_the_topic_publishes_and_checkpoints_before_the_trainer_e
     assert end is not None and end.state.offsets == {"samples": {0: 30}}  # every sample, the last step partial
     assert int(end.state.counters["samples"]) == 30
     assert [r["version"] for r in _version_records(tmp_path / "bus")] == [1]  # published on the way out
+
+
+@pytest.mark.parametrize("publish_on_idle", [True, False])
+def test_a_trainer_whose_input_runs_dry_publishes_what_it_trained_only_when_asked(
+    tmp_path: Path, publish_on_idle: bool
+) -> None:
+    orchard = _orchard(tmp_path)
+    config = _trainer_config(tmp_path, model={"type": "tiny", "name": MODEL}, publish_every=1000,
+                             checkpoint_every=1000, idle_exit_s=None, publish_on_idle=publish_on_idle)  # fmt: skip
+    stream = synthetic_stream(20, run_id="r1", vocab_size=TINY_VOCAB, seed=5)
+    trainer = PolicyTrainer(config, orchard)
+    runner = threading.Thread(target=trainer.run, daemon=True)
+    runner.start()
+    versions_seen: list[list[int]] = []
+    for batch in (stream[:10], stream[10:]):  # two dry spells, each after a rollout round's worth of samples
+        with open_bus(orchard.bus) as bus:
+            produce_samples(bus, "samples", batch)
+        _wait(lambda: trainer.consumed.get("samples", {}).get(0, 0) >= len(versions_seen) * 10 + 10, 120, "training")
+        if publish_on_idle:
+            _wait(lambda: len(_version_records(tmp_path / "bus")) > len(versions_seen), 30, "an idle publish")
+        else:
+            time.sleep(1.5)  # several idle_flush_s: a version would have come by now
+        versions_seen.append([r["version"] for r in _version_records(tmp_path / "bus")])
+    trainer.request_drain()
+    runner.join(timeout=120)
+
+    assert not runner.is_alive()
+    if publish_on_idle:  # one version per dry spell, and none on the way out: nothing was trained after the second
+        assert versions_seen == [[1], [1, 2]]
+        assert [r["version"] for r in _version_records(tmp_path / "bus")] == [1, 2]
+    else:  # publish_every 1000: only the exit publishes
+        assert versions_seen == [[], []]
+        assert [r["version"] for r in _version_records(tmp_path / "bus")] == [1]

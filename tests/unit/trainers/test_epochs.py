@@ -29,6 +29,8 @@ def test_more_than_one_epoch_needs_idle_exit_s_which_ends_the_first_pass_or_a_co
 def test_a_complete_input_refuses_idle_settings_and_an_end_on_another_topic() -> None:
     with pytest.raises(ConfigError, match="idle_exit_s, idle_flush_s: not used with input: complete"):
         load_trainer_config(None, ["input=complete", "idle_flush_s=2", "idle_exit_s=30"])
+    with pytest.raises(ConfigError, match="publish_on_idle: not used with input: complete"):
+        load_trainer_config(None, ["input=complete", "publish_on_idle=true"])
     with pytest.raises(ConfigError, match="input_end: names other; this trainer reads only samples"):
         load_trainer_config(None, ["input=complete", "input_end={other: {0: 4}}"])
     with pytest.raises(ConfigError, match="input_end: only input: complete"):
