@@ -59,7 +59,7 @@ def test_the_ablation_overlay_runs_through_b_then_rl_each_evaluated_on_the_valid
     from orchard.run.config import load_run_config
 
     folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
-    sets = ["templates.rl-trainer.set.2=lr=1e-4", "templates.bar-rollout.rounds=16"]
+    sets = ["templates.rl-trainer.set.2=lr=1e-4", "components.rollout-rl.rounds=16"]
     config = load_run_config(folder / "recipe.yaml", [folder / "overlays" / "ablation.yaml"], sets)
     assert [stage.name for stage in config.stages] == [
         "setup", "demos", "sft-successful", "credit-samples", "credit-sft", "validation-credit-sft", "rl-bar",
