@@ -118,6 +118,7 @@ class HeldoutOptions:
     greedy_margin: float | None = None  # resolved: None keeps no episode first (no --greedy-first)
     wait_for_engine: str | None = None
     wait_timeout_s: float = 600.0
+    policy_version: int | None = None  # with wait_for_engine: this version exactly, not the newest
 
     def missing(self) -> list[str]:
         """The required options not given."""
@@ -199,6 +200,13 @@ def eval_rerank(
     wait_timeout_s: float = typer.Option(
         600.0, "--wait-timeout", min=0.0, help="Longest wait for --wait-for-engine, seconds (then exit 1)."
     ),
+    policy_version: int | None = typer.Option(
+        None,
+        "--policy-version",
+        min=0,
+        help="With --wait-for-engine: wait for this version, not the newest, and refuse an engine serving another "
+        "(an earlier policy of the run, served by `orchard engine serve --reload --max-version`).",
+    ),
     ci: str = typer.Option("normal", "--reward-ci", help="Interval of the mean reward: normal or bootstrap."),
     plot: bool = typer.Option(False, "--plot", help="Write RUN_DIR/reward_curve.png from the run's outcomes."),
     window: int = typer.Option(50, "--window", min=1, help="Episodes in the rolling means of --plot."),
@@ -218,13 +226,15 @@ def eval_rerank(
         )
     if tasks is None and wait_for_engine:
         raise OrchardError("--wait-for-engine belongs to a held-out evaluation: give --tasks")
+    if policy_version is not None and not wait_for_engine:
+        raise OrchardError("--policy-version names the version --wait-for-engine waits for: give --wait-for-engine")
     if plot:
         _plot(ctx, run_dir, window)
     elif tasks is not None:
         options = HeldoutOptions(
             tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts,
             tuple(by or ()), greedy_first, _keep_greedy_within(greedy_first, greedy_margin), wait_for_engine,
-            wait_timeout_s,
+            wait_timeout_s, policy_version,
         )  # fmt: skip
         _heldout(ctx, options, rerank, value_model, name)
     else:
@@ -269,7 +279,7 @@ def _heldout(
     cli = state(ctx)
     config = cli.config()
     if options.wait_for_engine:
-        _wait_for_engine(options.wait_for_engine, config, options.wait_timeout_s)
+        _wait_for_engine(options.wait_for_engine, config, options.wait_timeout_s, options.policy_version)
     tasks = tasks_in(options.tasks)
     labels = {task.task_id: task.labels for task in tasks}
     samples, selection = _selection(options.attempts, rerank)
@@ -315,13 +325,27 @@ def _print_picks(picker: Picker | None) -> None:
         )
 
 
-def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float) -> None:
+def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float, version: int | None = None) -> None:
     """Wait until ``engine`` serves the run's newest policy version, so the evaluation measures the policy the stage
-    trained and not the one before it (the reloading engine picks new weights up a moment after they are published)."""
+    trained and not the one before it (the reloading engine picks new weights up a moment after they are published);
+    with ``version``, until it serves that one, and refuse an engine that serves a newer one (it is not pinned)."""
+    from orchard.evaluation.engine_wait import wait_until_served
     from orchard.run.stages import wait_for_newest_policy
 
-    if wait_for_newest_policy(engine, config.bus, config.run_id, timeout_s) is None:
-        raise OrchardError(f"the engine at {engine} did not serve the run's newest policy version within {timeout_s}s")
+    if version is None:
+        if wait_for_newest_policy(engine, config.bus, config.run_id, timeout_s) is None:
+            raise OrchardError(
+                f"the engine at {engine} did not serve the run's newest policy version within {timeout_s}s"
+            )
+        return
+    served = wait_until_served(engine, lambda: version, timeout_s)
+    if served is None:
+        raise OrchardError(f"the engine at {engine} did not serve policy version {version} within {timeout_s}s")
+    if served != version:
+        raise OrchardError(
+            f"--policy-version {version}: the engine at {engine} serves version {served}; pin it with "
+            f"`orchard engine serve --reload --max-version {version}`"
+        )
 
 
 def _selection(attempts: int | None, rerank: int | None) -> tuple[int, str]:

@@ -201,6 +201,13 @@ def test_eval_refuses_to_wait_for_the_engine_without_a_held_out_evaluation(tmp_p
     assert "--wait-for-engine belongs to a held-out evaluation: give --tasks" in said
 
 
+def test_eval_refuses_a_policy_version_without_an_engine_to_wait_for(tmp_path: Path) -> None:
+    result = orchard("eval", "--tasks", ".", "--policy-version", "4", cwd=tmp_path)
+    assert result.returncode != 0
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "--policy-version names the version --wait-for-engine waits for" in said
+
+
 def test_engine_expert_is_a_subcommand(tmp_path: Path) -> None:
     done = orchard("engine", "expert", "--help", cwd=tmp_path)
     assert done.returncode == 0 and "--tokenizer" in done.stdout and "--latency-s" in done.stdout

@@ -51,3 +51,18 @@ def test_nothing_published_means_any_version_will_do(monkeypatch: pytest.MonkeyP
 def test_the_wait_gives_up_after_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_wait.httpx, "Client", lambda **_: client_answering([1]))
     assert wait_until_served("http://engine", lambda: 3, timeout_s=0.05, poll_s=0.01) is None
+
+
+def test_an_evaluation_of_one_version_waits_for_it_and_refuses_an_engine_serving_a_newer_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from orchard.cli.train_value import _wait_for_engine
+    from orchard.config import OrchardConfig
+    from orchard.exceptions import OrchardError
+
+    config = OrchardConfig(run_id="r1")  # not read: the version is given, so the bus is not asked for the newest
+    monkeypatch.setattr(engine_wait.httpx, "Client", lambda **_: client_answering([None, 3, 5]))
+    _wait_for_engine("http://engine", config, timeout_s=10, version=5)  # 3 is older: it waits, and 5 will do
+    monkeypatch.setattr(engine_wait.httpx, "Client", lambda **_: client_answering([7]))
+    with pytest.raises(OrchardError, match=r"serves version 7; pin it with .*--max-version 5"):
+        _wait_for_engine("http://engine", config, timeout_s=10, version=5)

@@ -72,3 +72,19 @@ def test_the_ablation_overlay_runs_through_b_then_rl_each_evaluated_on_the_valid
     assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
     evaluation = config.components["validation-rl-bar"].run
     assert evaluation[evaluation.index("--tasks") + 1] == "{run_dir}/validation"
+
+
+def test_the_version_curve_overlay_pins_the_engine_and_evaluates_that_version_alone() -> None:
+    from orchard.run.config import load_run_config
+
+    folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
+    sets = ["components.engine.args=[--max-version, '44']", "components.validation-version.params.version=44",
+            "stages.1.name=validation-v44"]  # fmt: skip
+    config = load_run_config(folder / "recipe.yaml", [folder / "overlays" / "version-curve.yaml"], sets)
+    assert [stage.name for stage in config.stages] == ["validation-setup", "validation-v44"]
+    assert config.components["engine"].args == ["--max-version", "44"] and config.components["engine"].reload
+    evaluation = config.components["validation-version"].run
+    assert evaluation[evaluation.index("--policy-version") + 1] == "44"
+    assert evaluation[evaluation.index("--stage") + 1] == "validation-v44"
+    assert evaluation[evaluation.index("--tasks") + 1] == "{run_dir}/validation"
+    assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
