@@ -235,9 +235,11 @@ class StreamSource(SampleSource):
                 step = self._form_step(full_only=False)
                 if step is not None:
                     yield step
-            if (self.config.publish_on_idle and not told_idle and not records and not self._queue
+            if (self.config.publish_on_idle and self.epoch == 0 and not told_idle and not records and not self._queue
                     and idle >= self.config.idle_flush_s and not self.done()):  # fmt: skip
-                told_idle = True  # once per dry spell: the trainer publishes what it trained, if anything
+                # once per dry spell, in the first pass only (a replay's input does not run dry, it ends): the
+                # trainer publishes what it trained, if anything
+                told_idle = True
                 yield Step(consumed=[], samples=[], lags=LagStats(), idle=True)
             if self._drain_requested.is_set() and self.epoch == 0 and self._drained(consumer):
                 while not self.done() and self._queue and (step := self._form_step(full_only=False)) is not None:

@@ -329,7 +329,9 @@ def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float, versi
     """Wait until ``engine`` serves the run's newest policy version, so the evaluation measures the policy the stage
     trained and not the one before it (the reloading engine picks new weights up a moment after they are published);
     with ``version``, until it serves that one, and refuse an engine that serves a newer one (it is not pinned)."""
-    from orchard.evaluation.engine_wait import wait_until_served
+    import httpx
+
+    from orchard.evaluation.engine_wait import served_version, wait_until_served
     from orchard.run.stages import wait_for_newest_policy
 
     if version is None:
@@ -340,7 +342,12 @@ def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float, versi
         return
     served = wait_until_served(engine, lambda: version, timeout_s)
     if served is None:
-        raise OrchardError(f"the engine at {engine} did not serve policy version {version} within {timeout_s}s")
+        with httpx.Client(timeout=5.0) as client:
+            now = served_version(engine, client)
+        serving = "does not answer" if now is None else f"serves version {now} (is v{version} in the store?)"
+        raise OrchardError(
+            f"--policy-version {version}: the engine at {engine} did not serve it within {timeout_s}s; it {serving}"
+        )
     if served != version:
         raise OrchardError(
             f"--policy-version {version}: the engine at {engine} serves version {served}; pin it with "

@@ -66,3 +66,6 @@ def test_an_evaluation_of_one_version_waits_for_it_and_refuses_an_engine_serving
     monkeypatch.setattr(engine_wait.httpx, "Client", lambda **_: client_answering([7]))
     with pytest.raises(OrchardError, match=r"serves version 7; pin it with .*--max-version 5"):
         _wait_for_engine("http://engine", config, timeout_s=10, version=5)
+    monkeypatch.setattr(engine_wait.httpx, "Client", lambda **_: client_answering([3]))  # v5 was never stored
+    with pytest.raises(OrchardError, match=r"did not serve it within 0.2s; it serves version 3 \(is v5 in the store"):
+        _wait_for_engine("http://engine", config, timeout_s=0.2, version=5)
