@@ -51,7 +51,7 @@ class FakeMetrics:
 
 def file_lookup() -> RunConfig:
     """file-lookup's recipe at 8 BAR rounds of 64 (the figures below are of those; tuning the recipe moves none)."""
-    return load_run_config(RECIPE, sets=["templates.bar-rollout.rounds=8"])
+    return load_run_config(RECIPE, sets=["components.rollout-rl.rounds=8", "components.rollout-dense.rounds=8"])
 
 
 def staged_run(config: RunConfig, running: int) -> StageRunner:

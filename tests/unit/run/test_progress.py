@@ -30,7 +30,8 @@ ROOT = Path("/runs/file-lookup")
 
 
 def goals_of(stage: str) -> list[Goal]:
-    config = load_run_config(RECIPE, sets=["templates.bar-rollout.rounds=8"])  # pinned: tuning moves no figure
+    pinned = ["components.rollout-rl.rounds=8", "components.rollout-dense.rounds=8"]  # tuning moves no figure
+    config = load_run_config(RECIPE, sets=pinned)
     return stage_goals(next(s for s in config.stages if s.name == stage), config, ROOT)
 
 
