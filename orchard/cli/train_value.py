@@ -328,21 +328,24 @@ def _print_picks(picker: Picker | None) -> None:
 def _wait_for_engine(engine: str, config: OrchardConfig, timeout_s: float, version: int | None = None) -> None:
     """Wait until ``engine`` serves the run's newest policy version, so the evaluation measures the policy the stage
     trained and not the one before it (the reloading engine picks new weights up a moment after they are published);
-    with ``version``, until it serves that one, and refuse an engine that serves a newer one (it is not pinned)."""
+    with ``version``, until it serves that one (``_wait_for_version``)."""
+    from orchard.run.stages import wait_for_newest_policy
+
+    if version is not None:
+        _wait_for_version(engine, version, timeout_s)
+    elif wait_for_newest_policy(engine, config.bus, config.run_id, timeout_s) is None:
+        raise OrchardError(f"the engine at {engine} did not serve the run's newest policy version within {timeout_s}s")
+
+
+def _wait_for_version(engine: str, version: int, timeout_s: float) -> None:
+    """Wait until ``engine`` serves policy ``version``; refuse one that serves a newer version (it is not pinned)."""
     import httpx
 
     from orchard.evaluation.engine_wait import served_version, wait_until_served
-    from orchard.run.stages import wait_for_newest_policy
 
-    if version is None:
-        if wait_for_newest_policy(engine, config.bus, config.run_id, timeout_s) is None:
-            raise OrchardError(
-                f"the engine at {engine} did not serve the run's newest policy version within {timeout_s}s"
-            )
-        return
     served = wait_until_served(engine, lambda: version, timeout_s)
     if served is None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=5.0) as client:  # what it serves instead says why: an older version, or nothing
             now = served_version(engine, client)
         serving = "does not answer" if now is None else f"serves version {now} (is v{version} in the store?)"
         raise OrchardError(
