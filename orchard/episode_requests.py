@@ -7,6 +7,7 @@ against a running Env, a list's ``append`` in tests.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,3 +39,18 @@ class EpisodeRequest:
 
 
 SubmitFn = Callable[[EpisodeRequest], None]
+
+
+def episode_seed(seed: int, episode_id: str) -> int:
+    """The sampling seed of episode ``episode_id`` under a run-level ``seed``: 63 bits of a hash of both."""
+    digest = hashlib.blake2b(f"{seed}\0{episode_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seeded_options(options: Mapping[str, Any], seed: int | None, episode_id: str) -> dict[str, Any]:
+    """``options`` with the harness's sampling seed for ``episode_id`` (``episode_seed``); as they are without one.
+
+    Episode ids are derived from run, round or stage, and task, so a rerun gives every episode the seed it had."""
+    if seed is None:
+        return dict(options)
+    return {**options, "harness": {**dict(options.get("harness") or {}), "seed": episode_seed(seed, episode_id)}}

@@ -23,6 +23,7 @@ SAMPLES = "samples"
 TRAJECTORIES = "trajectories"
 POLICY_VERSIONS = "policy-versions"
 SANDBOX_EVENTS = "sandbox-events"
+ROLLOUT_ROUNDS = "rollout-rounds"
 DEAD_LETTERS = "dead-letters"
 
 STANDARD_TOPICS: tuple[TopicSpec, ...] = (
@@ -33,6 +34,7 @@ STANDARD_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(SAMPLES, "TrainingSample", "training samples for the policy and value trainers"),
     TopicSpec(POLICY_VERSIONS, "PolicyVersion", "published weights, in order", partitions=1),
     TopicSpec(SANDBOX_EVENTS, "SandboxEvent", "exec and file operations in sandboxes"),
+    TopicSpec(ROLLOUT_ROUNDS, "RolloutRound", "lockstep rollout rounds whose samples are complete", partitions=1),
     TopicSpec(DEAD_LETTERS, "DeadLetter", "records that could not be decoded, with the reason"),
 )
 

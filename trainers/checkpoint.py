@@ -69,6 +69,8 @@ class TrainerState:
     """With a complete input: how many samples of the current pass, in its order, are trained."""
     trainer: str | None = None
     """Which trainer wrote it (its run directory): a restart of the same trainer, or a recipe's next stage."""
+    round: int | None = None
+    """With lockstep rounds (``input: rounds``): the newest rollout round trained."""
 
     def to_json(self) -> bytes:
         """Serialise (partition keys become strings, as JSON requires)."""

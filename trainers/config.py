@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from orchard.config import default_type, describe_validation_error
 from orchard.exceptions import ConfigError
-from orchard.topics import SAMPLES
+from orchard.topics import ROLLOUT_ROUNDS, SAMPLES
 
 
 class _Strict(BaseModel):
@@ -192,11 +192,16 @@ class PolicyTrainerConfig(_Strict):
     )
 
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (None: run on).")
-    input: Literal["stream", "complete"] = Field(
+    input: Literal["stream", "complete", "rounds"] = Field(
         "stream",
         description="stream: train samples as they arrive (an open-ended input, as in RL); complete: the stage's "
         "samples are all on the topic before it starts (their producers finished): read them up to input_end, put "
-        "them in a fixed order (order), make epochs passes over them, exit. No idle time decides anything.",
+        "them in a fixed order (order), make epochs passes over them, exit. No idle time decides anything. rounds: "
+        "lockstep RL: train each round a lockstep rollout announces on rounds_topic, whole and in key order, then "
+        "publish one version (trainers.round_input).",
+    )
+    rounds_topic: str = Field(
+        ROLLOUT_ROUNDS, min_length=1, description="input: rounds: the topic of the rollout's RolloutRound records."
     )
     input_end: dict[str, dict[int, int]] | None = Field(
         None,
@@ -258,6 +263,8 @@ class PolicyTrainerConfig(_Strict):
             raise ValueError("compile: torch.compile is configured through backend.config with the deepspeed backend")
         if self.input == "complete":
             self._check_complete_input()
+        elif self.input == "rounds":
+            self._check_round_input()
         elif self.epochs > 1 and self.idle_exit_s is None:
             raise ValueError(
                 f"epochs: {self.epochs} passes need idle_exit_s, which ends the first pass (the stage's samples), "
@@ -266,6 +273,17 @@ class PolicyTrainerConfig(_Strict):
         elif self.input_end is not None:
             raise ValueError("input_end: only input: complete reads up to an end")
         return self
+
+    def _check_round_input(self) -> None:
+        unused = sorted({"idle_flush_s", "idle_exit_s", "publish_every", "checkpoint_every", "input_end", "order"}
+                        & self.model_fields_set)  # fmt: skip
+        unused += ["publish_on_idle"] if self.publish_on_idle else []
+        unused += ["epochs"] if self.epochs > 1 else []
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)}: not used with input: rounds (one version and one checkpoint per round, each "
+                "round trained once in key order)"
+            )
 
     def _check_complete_input(self) -> None:
         idle = sorted({"idle_flush_s", "idle_exit_s"} & self.model_fields_set)

@@ -47,6 +47,7 @@ from trainers.intake import SampleIntake
 from trainers.losses import LossOutput, packed_loss, token_logprobs
 from trainers.metrics import TrainerMetrics, step_values
 from trainers.model import load_policy_model, load_policy_tokenizer, resolve_device
+from trainers.round_input import RoundSource
 from trainers.sample_source import SampleSource, Step, StreamSource
 from trainers.stage_input import CompleteSource
 from trainers.weights import publish_weights
@@ -92,7 +93,7 @@ class PolicyTrainer:
         self.bus = bus or open_bus(orchard.bus)
         self.store = store or open_store(orchard.store)
         self.device = resolve_device(config.device)
-        source = CompleteSource if config.input == "complete" else StreamSource
+        source = {"complete": CompleteSource, "rounds": RoundSource}.get(config.input, StreamSource)
         self.source: SampleSource = source(
             config, self.bus, trainer_step=lambda: self.step, trainer_version=lambda: self.policy_version
         )
@@ -166,12 +167,18 @@ class PolicyTrainer:
                     if self.step > self._last_published_step:
                         self._publish(producer)
                     continue
+                if step.round_end is not None:  # a lockstep round trained: its version, even if nothing changed
+                    self.source.settle(step, consumer)
+                    self._publish(producer, {"rollout_round": float(step.round_end)})
+                    self._checkpoint(consumer, router)
+                    continue
                 if step.samples:  # none: every record of the step was skipped or too stale
                     self._train(step)  # pack; forward, loss and backward per row; an optimizer step
                 self.source.settle(step, consumer)  # its records are trained; a pass or the stage may end here
-                if step.samples and self.step % self.config.publish_every == 0:
+                scheduled = step.samples and self.source.schedules_outputs
+                if scheduled and self.step % self.config.publish_every == 0:
                     self._publish(producer)
-                if step.samples and self.step % self.config.checkpoint_every == 0:
+                if scheduled and self.step % self.config.checkpoint_every == 0:
                     self._checkpoint(consumer, router)
             self._finish(consumer, producer, router)
         finally:
@@ -322,13 +329,13 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------------------------------------ output
 
-    def _publish(self, producer: Producer) -> None:
+    def _publish(self, producer: Producer, extra: dict[str, float] | None = None) -> None:
         version = self.policy_version + 1
         start = time.perf_counter()
         publish_weights(
             self.store, producer, self.backend.export, self.tokenizer, scratch=self.config.run_dir / "scratch",
             run_id=self.run_id, model=self.config.model_name, version=version, step=self.step,
-            metrics={k: float(v) for k, v in self._step_metrics().items()}, codec=self.codec,
+            metrics={**{k: float(v) for k, v in self._step_metrics().items()}, **(extra or {})}, codec=self.codec,
         )  # fmt: skip
         self.policy_version = version
         self._last_published_step = self.step

@@ -66,13 +66,15 @@ class Step:
     """The records one optimizer step consumes, the samples it trains on, and their lags.
 
     ``idle`` marks no step at all but the news that a stream's input ran dry (``publish_on_idle``): nothing queued,
-    nothing arrived for ``idle_flush_s``.
+    nothing arrived for ``idle_flush_s``. ``round_end`` marks no step either but the end of a lockstep round
+    (``trainers.round_input``): the trainer publishes the version trained on it.
     """
 
     consumed: list[Queued]
     samples: list[Sample]
     lags: LagStats
     idle: bool = False
+    round_end: int | None = None
 
 
 class SampleSource(ABC):
@@ -81,6 +83,10 @@ class SampleSource(ABC):
     ``trainer_step`` and ``trainer_version`` read the trainer's optimizer step (``max_steps`` ends the stage's steps)
     and its policy version (what staleness is judged against): both belong to the trainer and change as it trains.
     """
+
+    schedules_outputs = True
+    """Whether the trainer publishes and checkpoints every ``publish_every`` / ``checkpoint_every`` steps (a source
+    that decides when itself, as lockstep rounds do, says no)."""
 
     def __init__(
         self,

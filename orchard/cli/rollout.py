@@ -21,11 +21,12 @@ import typer
 
 from orchard.bus import Bus
 from orchard.cli.common import err_console, state
+from orchard.config import BusConfig
 from orchard.episode_requests import EpisodeRequest, SubmitFn
 from orchard.exceptions import ConfigError
 from orchard.logging import get_logger
 from producers.rollout.balanced import BalancedRolloutConfig
-from producers.rollout.scheduler import EnvSubmitter
+from producers.rollout.scheduler import EnvSubmitter, LockstepHooks
 
 app = typer.Typer(help="Start episodes on Orchard Env: Balanced Adaptive Rollout rounds, or expert demonstrations.")
 log = get_logger("cli.rollout")
@@ -70,12 +71,37 @@ def rollout_run(
         help="Before each round after the first, wait up to this many seconds for a newer policy version of the run "
         "(keeps rollouts near on-policy when the trainer is slower than the episodes).",
     ),
+    seed: int | None = typer.Option(
+        None, "--seed", min=0, help="Give each episode's harness its own sampling seed, derived from this one."
+    ),
+    lockstep: bool = typer.Option(
+        False,
+        "--lockstep",
+        help="Train each round, whole, before the next: announce it once the --lockstep-after groups have made its "
+        "samples, then wait for the version trained on it (needs a trainer with input: rounds).",
+    ),
+    lockstep_after: list[str] = typer.Option(
+        ["assembler", "sample-builder"],
+        "--lockstep-after",
+        help="Consumer groups, in pipeline order, that must be done with their topics before a round is announced "
+        "(repeat the option).",
+    ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="With --lockstep: the policy engine's base URL; each round waits until it serves the "
+        "version trained on the round before.",
+    ),
 ) -> None:
     """Roll out tasks (BAR rounds) or expert demonstrations on Orchard Env; exit 0 when all have outcomes."""
     if aim not in ("mixed", "failing"):
         raise typer.BadParameter(f"--aim {aim!r}: 'mixed' or 'failing'")
-    if demos is not None and new_policy_wait is not None:
-        raise ConfigError("--new-policy-wait applies to rollout rounds, not to --demos")
+    if demos is not None and (new_policy_wait is not None or lockstep or seed is not None):
+        raise ConfigError("--new-policy-wait, --lockstep and --seed apply to rollout rounds, not to --demos")
+    if lockstep and new_policy_wait is not None:
+        raise ConfigError("--lockstep waits for the version trained on each round; drop --new-policy-wait")
+    if engine is not None and not lockstep:
+        raise ConfigError("--engine is what --lockstep waits for; give --lockstep too")
     config = state(ctx).config()
     token = os.environ.get(ENV_TOKEN, "")
     if not token:
@@ -92,8 +118,9 @@ def rollout_run(
                                         max_task_outcomes=max_task_outcomes, prior_successes=prior_successes,
                                         prior_failures=prior_failures,
                                         aim=cast(Literal["mixed", "failing"], aim))  # fmt: skip
+            lockstep_hooks = _lockstep_hooks(config.bus, config.run_id, lockstep_after, engine) if lockstep else None
             missing = _run_rounds(bus, config.run_id, submitter, task_ids, harness, model, rounds, episodes, bar,
-                                  episode_timeout, wait_timeout, new_policy_wait)  # fmt: skip
+                                  episode_timeout, wait_timeout, new_policy_wait, seed, lockstep_hooks)  # fmt: skip
     finally:
         submitter.close()
         bus.close()
@@ -150,20 +177,46 @@ def _run_demos(
         outcomes.close()
 
 
+def _lockstep_hooks(bus_config: BusConfig, run_id: str, groups: list[str], engine: str | None) -> LockstepHooks:
+    """The pipeline's groups, read from the bus like a stage condition, and the engine's served version."""
+    import httpx
+
+    from orchard.evaluation.engine_wait import served_version
+    from orchard.run.stages import BusProbe
+
+    if not groups:
+        raise ConfigError("--lockstep needs the consumer groups to wait for (--lockstep-after)")
+    probe = BusProbe(bus_config, run_id)
+    client = httpx.Client(timeout=5.0)
+
+    def caught_up() -> bool:  # in pipeline order: a group is asked only once every group before it is done
+        return all(probe.caught_up(group) for group in groups)
+
+    def serves(version: int) -> bool:
+        serving = served_version(engine or "", client)
+        return serving is not None and serving >= version
+
+    return LockstepHooks(pipeline_caught_up=caught_up, engine_serves=serves if engine else None)
+
+
 def _run_rounds(
     bus: Bus, run_id: str, submit: SubmitFn, task_ids: list[str], harness: str, model: str, rounds: int | None,
     episodes: int | None, bar: BalancedRolloutConfig, episode_timeout: float | None, wait_timeout: float,
-    new_policy_wait: float | None = None,
+    new_policy_wait: float | None = None, seed: int | None = None, hooks: LockstepHooks | None = None,
 ) -> int:  # fmt: skip
     """BAR rounds through the rollout scheduler; the episodes of the last round still without an outcome."""
-    from producers.rollout.scheduler import RolloutSchedulerConfig, run_rollout_scheduler
+    from producers.rollout.scheduler import LockstepTimeout, RolloutSchedulerConfig, run_rollout_scheduler
 
     config = RolloutSchedulerConfig(
         run_id=run_id, tasks=task_ids, harness=harness, model=model, rounds=rounds or 1, max_episodes=episodes,
-        rollout=bar,
-        round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout, new_policy_wait_s=new_policy_wait,
+        rollout=bar, round_timeout_s=wait_timeout, episode_timeout_s=episode_timeout,
+        new_policy_wait_s=new_policy_wait, seed=seed, lockstep=hooks is not None,
     )  # fmt: skip
-    scheduler = run_rollout_scheduler(bus, config, submit)
+    try:
+        scheduler = run_rollout_scheduler(bus, config, submit, hooks=hooks)
+    except LockstepTimeout as exc:
+        err_console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
     log.info("rollout finished", run_id=run_id, rounds=scheduler.rounds_submitted, episodes=scheduler.submitted,
              timed_out_rounds=scheduler.timed_out_rounds, out_of_tasks=scheduler.out_of_tasks,
              rounds_without_new_policy=scheduler.rounds_without_new_policy)  # fmt: skip

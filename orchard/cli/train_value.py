@@ -119,6 +119,7 @@ class HeldoutOptions:
     wait_for_engine: str | None = None
     wait_timeout_s: float = 600.0
     policy_version: int | None = None  # with wait_for_engine: this version exactly, not the newest
+    seed: int | None = None  # each episode's harness samples with a seed derived from this
 
     def missing(self) -> list[str]:
         """The required options not given."""
@@ -190,6 +191,9 @@ def eval_rerank(
         help="Where results.md/json or reward_curve.png go (its orchard.yaml is the config unless --config is given).",
     ),
     temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (harness)."),
+    seed: int | None = typer.Option(
+        None, "--seed", min=0, help="With --tasks: each episode samples with its own seed, derived from this one."
+    ),
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1.0, help="Longest wait for the outcomes, seconds."),
     wait_for_engine: str | None = typer.Option(
         None,
@@ -218,8 +222,8 @@ def eval_rerank(
             "--attempts and --rerank are mutually exclusive: --attempts K counts a task solved when any of its K "
             "episodes succeeds (pass@K); --rerank K lets the value model pick one of K"
         )
-    if tasks is None and (attempts is not None or by or greedy_first):
-        raise OrchardError("--attempts, --by and --greedy-first belong to a held-out evaluation: give --tasks")
+    if tasks is None and (attempts is not None or by or greedy_first or seed is not None):
+        raise OrchardError("--attempts, --by, --greedy-first and --seed belong to a held-out evaluation: give --tasks")
     if greedy_margin is not None and not (greedy_first and rerank is not None and rerank > 1):
         raise OrchardError(
             "--greedy-margin decides between the greedy episode and the others: give --greedy-first and --rerank K > 1"
@@ -234,7 +238,7 @@ def eval_rerank(
         options = HeldoutOptions(
             tasks, env, env_token, harness, model, stage, run_dir, temperature, timeout_s, ci, attempts,
             tuple(by or ()), greedy_first, _keep_greedy_within(greedy_first, greedy_margin), wait_for_engine,
-            wait_timeout_s, policy_version,
+            wait_timeout_s, policy_version, seed,
         )  # fmt: skip
         _heldout(ctx, options, rerank, value_model, name)
     else:
@@ -287,7 +291,7 @@ def _heldout(
         heldout = HeldoutConfig(
             run_id=config.run_id, stage=options.stage, harness=options.harness, model=options.model,
             samples_per_task=samples, selection=selection, by=breakdown_labels(options.by, labels.values()),
-            timeout_s=options.timeout_s, ci_method=options.ci, greedy_first=options.greedy_first,
+            timeout_s=options.timeout_s, ci_method=options.ci, greedy_first=options.greedy_first, seed=options.seed,
             options={"harness": {"temperature": options.temperature}} if options.temperature is not None else {},
         )  # type: ignore[arg-type]  # fmt: skip
     except ValueError as exc:

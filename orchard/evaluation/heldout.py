@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchard.bus import Bus, Record
 from orchard.codec import Codec
 from orchard.episode_groups import EVAL_GROUP_PREFIX, is_eval_group  # noqa: F401 - re-exported
-from orchard.episode_requests import EpisodeRequest, SubmitFn
+from orchard.episode_requests import EpisodeRequest, SubmitFn, seeded_options
 from orchard.evaluation.breakdown import LabelGroup, breakdown
 from orchard.evaluation.cost import EvalCost, TokenCount, cost_of, read_token_counts
 from orchard.evaluation.stats import CiMethod, MeanStats, SuccessStats, mean_stats, success_stats_of
@@ -74,6 +74,9 @@ class HeldoutConfig(BaseModel):
         False,
         description="With K > 1: a task's first episode decodes greedily (harness temperature 0), the others as "
         "options say, so a reranker's candidates include what greedy decoding would give.",
+    )
+    seed: int | None = Field(
+        None, ge=0, description="Give each episode's harness a sampling seed derived from this and its episode id."
     )
     topic: str = Field(OUTCOMES, min_length=1, description="Topic of EpisodeOutcome records.")
     ci_method: CiMethod = Field("normal", description="Interval of the mean reward: 'normal' or 'bootstrap'.")
@@ -239,7 +242,11 @@ def plan_episodes(config: HeldoutConfig, task_ids: Sequence[str]) -> list[Episod
             harness=config.harness,
             model=config.model,
             timeout_s=config.episode_timeout_s,
-            options=_greedy(config.options) if config.greedy_first and index == 0 else config.options,
+            options=seeded_options(
+                _greedy(config.options) if config.greedy_first and index == 0 else config.options,
+                config.seed,
+                eval_episode_id(config.run_id, config.stage, task_id, index),
+            ),
         )
         for task_id in task_ids
         for index in range(config.samples_per_task)

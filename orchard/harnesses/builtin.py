@@ -110,9 +110,11 @@ class BuiltinAgentAdapter(HarnessAdapter):
         temperature: float | None = None,
         max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         """``python``: the interpreter inside the sandbox (default: this one).
-        The rest are the agent's command-line options of the same names; ``extra_body`` is merged into requests."""
+        The rest are the agent's command-line options of the same names; ``extra_body`` is merged into requests;
+        ``seed`` makes the episode's sampling reproducible (its ``i``-th call asks with ``seed + i``)."""
         self.python = python
         self.command_timeout_s = command_timeout_s
         self.max_output_chars = max_output_chars
@@ -120,6 +122,9 @@ class BuiltinAgentAdapter(HarnessAdapter):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
+        if seed is not None and not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+        self.seed = seed
 
     def prepare(self, sandbox: Sandbox, endpoint: ModelEndpoint, task: HarnessTask) -> None:
         """Write the task text and the agent's source, unless the command does (``files_in_command``); in one
@@ -168,6 +173,8 @@ class BuiltinAgentAdapter(HarnessAdapter):
             argv += ["--max-tokens", str(self.max_tokens)]
         if self.extra_body:
             argv += ["--extra-body", json.dumps(self.extra_body)]
+        if self.seed is not None:
+            argv += ["--seed", str(self.seed)]
         after = collect_after_agent(self.name, TRAJECTORY_FILE) if _collects_in_command(task) else []
         if self.package is not None:
             return shell_command(argv, exports={"PYTHONPATH": self.state(SRC)}, after=after)

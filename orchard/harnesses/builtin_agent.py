@@ -133,6 +133,7 @@ class AgentConfig:
         max_tokens: int | None = None,
         trajectory: str | os.PathLike[str] = "trajectory.jsonl",
         extra_body: dict[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         self.base_url, self.model, self.task, self.api_key = base_url, model, task, api_key
         self.max_steps, self.timeout_s, self.command_timeout_s = max_steps, timeout_s, command_timeout_s
@@ -140,6 +141,7 @@ class AgentConfig:
         self.temperature, self.max_tokens = temperature, max_tokens
         self.trajectory = trajectory
         self.extra_body: dict[str, Any] = {} if extra_body is None else extra_body
+        self.seed = seed
 
 
 # ---------------------------------------------------------------------------------------------------- tools
@@ -326,6 +328,17 @@ def _number(text: str, base: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- model
+def call_seed(seed: int, call: int) -> int:
+    """The seed of an episode's ``call``-th completion (0-based): the episode's ``seed`` plus ``call``, kept to the
+    non-negative 63 bits servers accept, so calls do not share one random stream (the engine mixes its seed before
+    use, so neighbouring seeds give unrelated streams).
+
+    >>> call_seed(7, 2), call_seed(2**63 - 1, 1)
+    (9, 0)
+    """
+    return (seed + call) & 0x7FFFFFFFFFFFFFFF
+
+
 class ChatClient:
     """Chat completions offering ``tools`` (default: the built-in ``shell`` and ``submit``), with retries of transport
     errors, 429 and 5xx."""
@@ -334,6 +347,7 @@ class ChatClient:
         self.config = config
         self.tools: list[dict[str, Any]] = TOOLS if tools is None else tools
         self.endpoint = HttpEndpoint(config.base_url, config.api_key, config.request_timeout_s)
+        self.calls = 0  # completions asked for so far: the index of a seeded call's own seed
 
     def complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """One non-streamed completion with the client's tools (``extra_body`` is merged over the request)."""
@@ -348,6 +362,9 @@ class ChatClient:
             body["temperature"] = self.config.temperature
         if self.config.max_tokens is not None:
             body["max_tokens"] = self.config.max_tokens
+        if self.config.seed is not None:  # each call its own stream; a retry asks with the same one
+            body["seed"] = call_seed(self.config.seed, self.calls)
+        self.calls += 1
         for attempt in range(self.config.retries + 1):
             last_try = attempt == self.config.retries
             try:
@@ -589,6 +606,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--trajectory", default="trajectory.jsonl")
     parser.add_argument("--extra-body", default="{}", help="JSON object merged into every request body.")
+    parser.add_argument("--seed", type=int, help="Sampling seed of the episode: call i asks with its own seed from it.")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", help="Environment variable holding the key.")
     args = parser.parse_args(argv)
     if args.max_steps < 1 or args.retries < 0:
@@ -608,6 +626,7 @@ def parse_args(argv: Sequence[str] | None = None) -> AgentConfig:
         max_tokens=args.max_tokens,
         trajectory=args.trajectory,
         extra_body=json.loads(args.extra_body),
+        seed=args.seed,
     )
 
 

@@ -103,6 +103,10 @@ def component_args(name: str, spec: ComponentSpec, config: RunConfig, run_dir: P
             args += ["--episode-timeout", str(spec.episode_timeout_s)] if spec.episode_timeout_s else []
             args += ["--new-policy-wait", str(spec.new_policy_wait_s)] if spec.new_policy_wait_s else []
             args += ["--aim", spec.aim] if spec.aim != "mixed" else []
+            args += ["--seed", str(spec.seed)] if spec.seed is not None else []
+            if spec.lockstep:
+                args += ["--lockstep", *(part for group in spec.lockstep_after for part in ("--lockstep-after", group))]
+                args += ["--engine", base_url(config, spec.engine)] if spec.engine else []
             if (spec.prior_successes, spec.prior_failures) != (1.0, 1.0):
                 args += ["--prior-successes", str(spec.prior_successes), "--prior-failures", str(spec.prior_failures)]
         case CommandComponent():

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -225,10 +225,37 @@ class RolloutComponent(_Component):
         gt=0,
         description="Before each round after the first, wait up to this long for a newer policy version of the run.",
     )
+    seed: int | None = Field(None, ge=0, description="Give each episode's harness a sampling seed derived from this.")
+    lockstep: bool = Field(
+        False,
+        description="Train each round, whole, before the next (producers.rollout.scheduler); its trainer takes "
+        "input: rounds.",
+    )
+    lockstep_after: list[str] = Field(
+        default_factory=lambda: ["assembler", "sample-builder"],
+        min_length=1,
+        description="With lockstep: consumer groups, in pipeline order, done with their topics before a round counts "
+        "as made.",
+    )
+    engine: str | None = Field(
+        None,
+        description="With lockstep: the policy engine (base URL or component name) that must serve each round's "
+        "trained version before the next round.",
+    )
+
+    @model_validator(mode="after")
+    def _lockstep_alone(self) -> Self:
+        if self.lockstep and self.new_policy_wait_s is not None:
+            raise ValueError("lockstep waits for the version trained on each round: drop new_policy_wait_s")
+        if self.engine is not None and not self.lockstep:
+            raise ValueError("engine is what lockstep waits for: set lockstep: true too")
+        if self.demos is not None and (self.lockstep or self.seed is not None):
+            raise ValueError("lockstep and seed apply to rollout rounds, not to demos")
+        return self
 
     def references(self) -> list[str]:
-        """The Env, when ``env`` names a component."""
-        return [] if "://" in self.service else [self.service]
+        """The Env and the engine, when they name components."""
+        return [name for name in (self.service, self.engine) if name is not None and "://" not in name]
 
 
 class CommandComponent(_Component):

@@ -18,6 +18,21 @@ of the trainer that learned from them, and the trainer dropped the samples that 
 version newer than the one the previous round started with, so the rollouts stay within about a round of the
 trainer. The wait is bounded because a round can give the trainer nothing to learn from (every group uniform), and
 then no new version comes; such a round goes ahead after the wait and is counted.
+
+**Lockstep** (``lockstep``) takes the clock out of RL: each round is trained, whole, before the next one starts.
+Once every episode of round *r* has an outcome, the scheduler waits until the pipeline has made all of the round's
+samples (``LockstepHooks.pipeline_caught_up``: the assembler, scorer and sample-builder groups are done with every
+record of their topics), then announces the round (a ``RolloutRound`` record on ``rollout-rounds``). A trainer with
+``input: rounds`` trains exactly the samples on the topic at that moment, in key order, and publishes a version
+whose ``metrics["rollout_round"]`` is *r*, even when the round taught nothing; the scheduler waits for that version,
+and for the engine to serve it (``LockstepHooks.engine_serves``), before round *r+1*. After the last round it waits
+for its version too, so the stage ends with every round trained. No wait here has a cap that lets a round go ahead
+early: each gives up, and the scheduler raises, only after ``round_timeout_s``. A restarted scheduler announces a
+round whose outcomes it finds but whose announcement it does not, so a crash between the two loses no round.
+
+**Seeds.** With ``seed`` each episode's harness gets its own sampling seed
+(``orchard.episode_requests.episode_seed``, from the seed and the episode id, which is derived from run, round and
+task), so a rerun of the same rounds with the same weights samples the same tokens.
 """
 
 from __future__ import annotations
@@ -26,18 +41,20 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.bus import Bus, Consumer, Record, TopicPartition, read_until_quiet
+from orchard.bus import Bus, Consumer, Producer, Record, TopicPartition, read_until_quiet
+from orchard.clock import now_ms
 from orchard.codec import Codec
-from orchard.episode_requests import EpisodeRequest, SubmitFn
+from orchard.episode_requests import EpisodeRequest, SubmitFn, seeded_options
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
-from orchard.topics import OUTCOMES, POLICY_VERSIONS
+from orchard.topics import OUTCOMES, POLICY_VERSIONS, ROLLOUT_ROUNDS
 from producers.rollout.balanced import BalancedRollout, BalancedRolloutConfig
 from producers.rollout.exceptions import SubmissionError
 
@@ -71,11 +88,30 @@ class RolloutSchedulerConfig(BaseModel):
         "than the one the previous round started with (None: never wait).",
     )
     versions_topic: str = Field(POLICY_VERSIONS, min_length=1, description="Topic of PolicyVersion records.")
+    lockstep: bool = Field(
+        False,
+        description="Train each round, whole, before the next: announce it once its samples are made, wait for the "
+        "version trained on it (module docstring). Needs a trainer with input: rounds.",
+    )
+    rounds_topic: str = Field(ROLLOUT_ROUNDS, min_length=1, description="Topic of RolloutRound records (lockstep).")
+    seed: int | None = Field(
+        None, ge=0, description="Give each episode's harness a sampling seed derived from this and its episode id."
+    )
 
 
 def group_id_for(round_index: int, task_id: str) -> str:
     """The group id of ``task_id``'s episodes in round ``round_index``."""
     return f"r{round_index:06d}-{task_id}"
+
+
+@dataclass
+class LockstepHooks:
+    """What a lockstep scheduler asks of the world beyond the bus (``orchard rollout run`` builds them)."""
+
+    pipeline_caught_up: Callable[[], bool]
+    """Whether every consumer between the outcomes and the samples topic is done with what is on its topics."""
+    engine_serves: Callable[[int], bool] | None = None
+    """Whether the policy engine serves version ``v`` (or newer); None: no engine to wait for."""
 
 
 def episode_id_for(run_id: str, group_id: str, index: int) -> str:
@@ -101,6 +137,13 @@ class RolloutScheduler:
         self.policy_version: int | None = None  # the newest published version of the run seen so far
         self.round_policy_version: int | None = None  # the newest version when the last round was submitted
         self.rounds_without_new_policy = 0  # rounds that went ahead after new_policy_wait_s with no newer version
+        self.trained_round: int | None = None  # lockstep: the newest round a published version was trained on
+        self.trained_round_version: int | None = None  # ... and that version
+        self.announced: set[int] = set()  # lockstep: rounds announced on rollout-rounds
+        self.last_outcome_round: int | None = None  # the newest round an outcome of this run names
+        self.round_groups: list[str] = []  # the group ids of the last round submitted
+        self.round_requests: list[EpisodeRequest] = []  # and its episodes
+        self.outcome_groups: dict[int, set[str]] = {}  # round -> the group ids its outcomes name
 
     @property
     def exhausted(self) -> bool:
@@ -118,6 +161,9 @@ class RolloutScheduler:
         match = _ROUND.match(str(outcome["group_id"]))
         if match is not None:  # after a restart, continue numbering after the newest round seen
             self.round = max(self.round, int(match.group(1)) + 1)
+            self.last_outcome_round = max(int(match.group(1)), -1 if self.last_outcome_round is None else
+                                          self.last_outcome_round)  # fmt: skip
+            self.outcome_groups.setdefault(int(match.group(1)), set()).add(str(outcome["group_id"]))
         return True
 
     def observe_policy_version(self, version: Mapping[str, Any]) -> bool:
@@ -125,7 +171,21 @@ class RolloutScheduler:
         if version["run_id"] != self.config.run_id:
             return False
         self.policy_version = max(int(version["version"]), -1 if self.policy_version is None else self.policy_version)
+        trained = (version.get("metrics") or {}).get("rollout_round")
+        if trained is not None and (self.trained_round is None or int(trained) >= self.trained_round):
+            self.trained_round, self.trained_round_version = int(trained), int(version["version"])
         return True
+
+    def observe_round(self, announced: Mapping[str, Any]) -> bool:
+        """Fold in one decoded ``RolloutRound``; False for another run's (ignored)."""
+        if announced["run_id"] != self.config.run_id:
+            return False
+        self.announced.add(int(announced["round"]))
+        return True
+
+    def trained(self, round_index: int) -> bool:
+        """Whether a published version says it was trained on round ``round_index`` (or a later one)."""
+        return self.trained_round is not None and self.trained_round >= round_index
 
     @property
     def awaits_new_policy(self) -> bool:
@@ -152,7 +212,7 @@ class RolloutScheduler:
                         harness=self.config.harness,
                         model=self.config.model,
                         timeout_s=self.config.episode_timeout_s,
-                        options=self.config.options,
+                        options=seeded_options(self.config.options, self.config.seed, episode_id),
                     )
                 )
         return requests
@@ -171,6 +231,7 @@ class RolloutScheduler:
         log.info("rollout round submitted", run_id=self.config.run_id, round=self.round, groups=sizes,
                  policy_version=self.policy_version)  # fmt: skip
         self.round_policy_version = self.policy_version
+        self.round_groups, self.round_requests = sorted(sizes), requests
         self.round += 1
         self.rounds_submitted += 1
         self.submitted += len(requests)
@@ -218,26 +279,41 @@ def run_rollout_scheduler(
     *,
     stop: threading.Event | None = None,
     codec: Codec | None = None,
+    hooks: LockstepHooks | None = None,
 ) -> RolloutScheduler:
-    """Replay the run's outcomes, then run rounds (module docstring) until ``config.rounds`` or ``stop``."""
+    """Replay the run's outcomes, then run rounds (module docstring) until ``config.rounds`` or ``stop``.
+
+    ``hooks`` are required with ``config.lockstep``; a lockstep wait that passes ``round_timeout_s`` raises
+    ``LockstepTimeout``."""
+    if config.lockstep and hooks is None:
+        raise ValueError("a lockstep rollout needs LockstepHooks (the pipeline's consumer groups to wait for)")
     scheduler = RolloutScheduler(config, submit)
     codec = codec or Codec.default()
     bus.create_topic(config.topic, exist_ok=True)
     consumer = bus.consumer([config.topic], group=None, start="earliest")
     versions = None
-    if config.new_policy_wait_s is not None:
+    if config.new_policy_wait_s is not None or config.lockstep:
         bus.create_topic(config.versions_topic, exist_ok=True)
         versions = bus.consumer([config.versions_topic], group=None, start="earliest")
+    lockstep = None
+    if config.lockstep and hooks is not None and versions is not None:
+        lockstep = _Lockstep(bus, scheduler, hooks, versions, codec, stop)
     try:
-        _catch_up(bus, consumer, scheduler, codec)
+        _replay(bus, consumer, config.topic, scheduler, codec)
         log.info("outcomes replayed", run_id=config.run_id, observed=scheduler.observed, next_round=scheduler.round)
+        if lockstep is not None:
+            lockstep.recover()
         while not (stop is not None and stop.is_set()):
             if config.rounds is not None and scheduler.rounds_submitted >= config.rounds:
                 break
             if scheduler.exhausted:
                 break
-            if versions is not None:
+            if lockstep is not None:
+                lockstep.await_trained(scheduler.round - 1)
+            elif versions is not None:
                 _await_new_policy(versions, scheduler, codec, stop)
+            if stop is not None and stop.is_set():
+                break
             if not scheduler.submit_round():
                 # every task reached max_task_outcomes: later rounds would be empty too, so say so and end here
                 log.warning("no task left to roll out: every task has reached max_task_outcomes", run_id=config.run_id,
@@ -251,11 +327,101 @@ def run_rollout_scheduler(
             if not scheduler.round_done:
                 scheduler.timed_out_rounds += 1
                 log.warning("round timed out", round=scheduler.round - 1, missing=len(scheduler.outstanding))
+            if lockstep is not None and not (stop and stop.is_set()):
+                lockstep.announce(scheduler.round - 1, len(scheduler.round_requests))
+        if lockstep is not None and scheduler.rounds_submitted and not (stop and stop.is_set()):
+            lockstep.await_trained(scheduler.round - 1)  # the stage ends with its last round trained
     finally:
         consumer.close()
         if versions is not None:
             versions.close()
+        if lockstep is not None:
+            lockstep.close()
     return scheduler
+
+
+class LockstepTimeout(RuntimeError):
+    """A lockstep wait (the pipeline, the trained version, the engine) passed ``round_timeout_s``."""
+
+
+class _Lockstep:
+    """The waits and the announcement of a lockstep scheduler (module docstring)."""
+
+    POLL_S = 0.2
+
+    def __init__(
+        self, bus: Bus, scheduler: RolloutScheduler, hooks: LockstepHooks, versions: Consumer, codec: Codec,
+        stop: threading.Event | None,
+    ) -> None:  # fmt: skip
+        self.bus, self.scheduler, self.hooks, self.codec, self.stop = bus, scheduler, hooks, codec, stop
+        self.config = scheduler.config
+        self.versions = versions
+        bus.create_topic(self.config.rounds_topic, partitions=1, exist_ok=True)
+        self.rounds = bus.consumer([self.config.rounds_topic], group=None, start="earliest")
+        self.producer: Producer = bus.producer()
+
+    def close(self) -> None:
+        """Close the reader of announced rounds and the producer."""
+        self.rounds.close()
+        self.producer.close()
+
+    def recover(self) -> None:
+        """After a restart: read what was announced and trained; announce the newest round with outcomes if no one
+        did (the scheduler stopped between its outcomes and its announcement)."""
+        _replay(self.bus, self.rounds, self.config.rounds_topic, self.scheduler, self.codec)
+        _feed(self.versions.poll(timeout_s=0.0), self.scheduler, self.codec)
+        last = self.scheduler.last_outcome_round
+        if last is not None and last not in self.scheduler.announced:
+            log.warning("a round with outcomes was never announced; announcing it now", round=last)
+            self.scheduler.round_groups = sorted(self.scheduler.outcome_groups.get(last, ()))
+            self.announce(last, 0)
+
+    def announce(self, round_index: int, episodes: int) -> None:
+        """Wait until the pipeline has made the round's samples, then put its ``RolloutRound`` on the bus."""
+        started = time.monotonic()
+        self._wait(self.hooks.pipeline_caught_up, f"the pipeline to make round {round_index}'s samples")
+        record = {
+            "run_id": self.config.run_id,
+            "round": round_index,
+            "episodes": episodes,
+            "group_ids": list(self.scheduler.round_groups),
+            "policy_version": self.scheduler.round_policy_version,
+            "created_at": now_ms(),
+        }
+        self.producer.produce(self.config.rounds_topic, self.codec.encode("RolloutRound", record),
+                              key=self.config.run_id.encode())  # fmt: skip
+        self.producer.flush()
+        self.scheduler.announced.add(round_index)
+        log.info("rollout round announced", round=round_index, episodes=episodes,
+                 waited_s=round(time.monotonic() - started, 2))  # fmt: skip
+
+    def await_trained(self, round_index: int) -> None:
+        """Wait for a version trained on ``round_index`` and for the engine to serve it (nothing before round 0)."""
+        if round_index < 0:
+            return
+        started = time.monotonic()
+
+        def trained() -> bool:
+            _feed(self.versions.poll(timeout_s=self.POLL_S), self.scheduler, self.codec)
+            return self.scheduler.trained(round_index)
+
+        self._wait(trained, f"a policy version trained on round {round_index}")
+        version = self.scheduler.trained_round_version
+        serves = self.hooks.engine_serves
+        if serves is not None and version is not None:
+            self._wait(lambda: serves(version), f"the engine to serve policy version {version}")
+        self.scheduler.round_policy_version = self.scheduler.policy_version
+        log.info("round trained", round=round_index, policy_version=version,
+                 waited_s=round(time.monotonic() - started, 2))  # fmt: skip
+
+    def _wait(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.config.round_timeout_s
+        while not condition():
+            if self.stop is not None and self.stop.is_set():
+                return
+            if time.monotonic() > deadline:
+                raise LockstepTimeout(f"lockstep: waited {self.config.round_timeout_s:g} s for {what}")
+            time.sleep(self.POLL_S)
 
 
 def _await_new_policy(
@@ -279,9 +445,8 @@ def _await_new_policy(
                  policy_version=scheduler.policy_version)  # fmt: skip
 
 
-def _catch_up(bus: Bus, consumer: Consumer, scheduler: RolloutScheduler, codec: Codec) -> None:
-    """Read until every partition's end offset, as of now, is passed (or the topic goes quiet for a while)."""
-    topic = scheduler.config.topic
+def _replay(bus: Bus, consumer: Consumer, topic: str, scheduler: RolloutScheduler, codec: Codec) -> None:
+    """Read ``topic`` until every partition's end offset, as of now, is passed (or it goes quiet for a while)."""
     info = bus.describe_topic(topic)
     until = {TopicPartition(topic, p): end for p, end in info.end_offsets.items() if end > info.start_offsets.get(p, 0)}
     _feed(read_until_quiet(consumer, max_records=500, poll_timeout_s=1.0, idle_polls=10, until=until), scheduler, codec)
@@ -298,3 +463,5 @@ def _feed(records: Iterable[Record], scheduler: RolloutScheduler, codec: Codec) 
             scheduler.observe(decoded.record)
         elif decoded.name == "PolicyVersion":
             scheduler.observe_policy_version(decoded.record)
+        elif decoded.name == "RolloutRound":
+            scheduler.observe_round(decoded.record)

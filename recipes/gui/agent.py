@@ -293,6 +293,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, BrowserS
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--trajectory", type=Path, default=Path("trajectory.jsonl"))
     parser.add_argument("--extra-body", default="{}", help="JSON object merged into every request body.")
+    parser.add_argument("--seed", type=int, help="Sampling seed of the episode (call i asks with seed + i).")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY")
     args = parser.parse_args(argv)
     if args.max_steps < 1 or args.retries < 0:
@@ -302,7 +303,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[AgentConfig, BrowserS
         base_url=args.base_url, model=args.model, task=args.task_file.read_text(encoding="utf-8"),
         api_key=os.environ.get(args.api_key_env, ""), max_steps=args.max_steps, timeout_s=args.timeout,
         request_timeout_s=args.request_timeout, retries=args.retries, temperature=args.temperature,
-        max_tokens=args.max_tokens, trajectory=args.trajectory,
+        max_tokens=args.max_tokens, trajectory=args.trajectory, seed=args.seed,
         extra_body={"tools": BROWSER_TOOLS, **extra},  # ChatClient merges extra_body over its own shell tools
     )  # fmt: skip
     settings = BrowserSettings(

@@ -45,13 +45,15 @@ class BrowserAgentAdapter(BuiltinAgentAdapter):
         temperature: float | None = None,
         max_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         """``mode``: ``text`` or ``vision``; ``chromium``: the browser executable in the sandbox."""
         if mode not in ("text", "vision"):
             raise ValueError(f"mode must be 'text' or 'vision', got {mode!r}")
         super().__init__(
-            python=python, retries=retries, temperature=temperature, max_tokens=max_tokens, extra_body=extra_body
-        )
+            python=python, retries=retries, temperature=temperature, max_tokens=max_tokens, extra_body=extra_body,
+            seed=seed,
+        )  # fmt: skip
         self.mode, self.chromium = mode, chromium
 
     def agent_options(self) -> list[str]:

@@ -348,6 +348,7 @@ def test_shipped_catalog_has_every_record() -> None:
         "EpisodeOutcome",
         "ModelCall",
         "PolicyVersion",
+        "RolloutRound",
         "SandboxEvent",
         "StepScore",
         "TrainingSample",

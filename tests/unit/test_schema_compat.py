@@ -128,7 +128,7 @@ def test_invalid_union_defaults_are_reported(tmp_path: Path) -> None:
 def test_run_schema_check_prints_and_returns_the_exit_code(tmp_path: Path) -> None:
     out = io.StringIO()
     assert run_schema_check(SCHEMA_DIR, Console(file=out, width=200)) == 0
-    assert out.getvalue() == "ok 8 schemas, 12 versions, all compatible\n"
+    assert out.getvalue() == "ok 9 schemas, 13 versions, all compatible\n"
     v1 = shipped("ModelCall")
     catalog_with(tmp_path, "ModelCall", v1, replace_field(v1, "call_index", type="long"))
     out = io.StringIO()

@@ -133,6 +133,14 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "metrics": {"loss": 0.4125, "kl": 0.0031, "grad_norm": 0.87},
         "created_at": T0,
     },
+    "RolloutRound": {
+        "run_id": "swe-rl-2026-11-29",
+        "round": 12,
+        "episodes": 64,
+        "group_ids": ["r000012-sympy__sympy-20590", "r000012-sympy__sympy-21612"],
+        "policy_version": 41,
+        "created_at": T0,
+    },
     "SandboxEvent": {
         "run_id": "swe-rl-2026-11-29",
         "episode_id": "ep-7f3a91",
@@ -246,7 +254,7 @@ def test_schema_conventions(name: str) -> None:
 def test_identity_fields(name: str) -> None:
     fields = {f["name"] for f in schema_json(name)["fields"]}
     expected = {"run_id"} if name not in {"DeadLetter"} else {"source_topic", "source_partition", "source_offset"}
-    expected |= {"episode_id"} if name not in {"DeadLetter", "PolicyVersion"} else set()
+    expected |= {"episode_id"} if name not in {"DeadLetter", "PolicyVersion", "RolloutRound"} else set()
     assert expected <= fields
 
 

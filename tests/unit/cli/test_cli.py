@@ -107,7 +107,7 @@ def test_unreachable_kafka_is_one_clear_line(tmp_path: Path) -> None:
 def test_schemas_check_and_list(tmp_path: Path) -> None:
     check = orchard("schemas", "check", cwd=tmp_path)
     assert check.returncode == 0, check.stderr
-    assert "8 schemas" in check.stdout
+    assert "9 schemas" in check.stdout
     listing = orchard("schemas", "list", cwd=tmp_path)
     assert "ModelCall" in listing.stdout and "v1" in listing.stdout
 
@@ -184,7 +184,7 @@ def test_eval_options_of_a_held_out_evaluation_without_tasks_are_refused_by_name
     result = orchard("eval", "--greedy-first", "--rerank", "4", cwd=tmp_path)
     assert result.returncode != 0
     said = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
-    assert "--greedy-first belong to a held-out evaluation: give --tasks" in said
+    assert "--seed belong to a held-out evaluation: give --tasks" in said
 
 
 def test_eval_refuses_a_greedy_margin_without_a_greedy_candidate_to_keep(tmp_path: Path) -> None:

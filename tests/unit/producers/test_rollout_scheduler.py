@@ -250,3 +250,136 @@ def test_a_round_goes_ahead_after_new_policy_wait_when_no_version_comes_and_is_c
     assert events == ["version 1", "group r000000-t", "group r000001-t", "group r000002-t"]
     assert scheduler.rounds_without_new_policy == 2
     assert time.monotonic() - started >= 1.0  # two waits of 0.5 s
+
+
+# ---------------------------------------------------------------------------------------------------- seeds, lockstep
+def test_a_seeded_rollout_gives_each_episode_its_own_seed_and_the_same_one_again_in_a_rerun() -> None:
+    from orchard.episode_requests import episode_seed
+
+    settings = config(seed=7, options={"harness": {"temperature": 1.0}, "other": 1})
+    first = RolloutScheduler(settings, [].append).submit_round()
+    again = RolloutScheduler(settings, [].append).submit_round()
+    reseeded = RolloutScheduler(config(seed=8), [].append).submit_round()
+
+    seeds = [request.options["harness"]["seed"] for request in first]
+    assert seeds == [request.options["harness"]["seed"] for request in again]
+    assert len(set(seeds)) == len(first) == 8 and all(0 <= seed < 2**63 for seed in seeds)
+    assert seeds[0] == episode_seed(7, first[0].episode_id)
+    assert not set(seeds) & {request.options["harness"]["seed"] for request in reseeded}
+    assert first[0].options["harness"]["temperature"] == 1.0 and first[0].options["other"] == 1
+    assert "harness" not in RolloutScheduler(config(), [].append).submit_round()[0].options  # unseeded: untouched
+
+
+def _lockstep_run(
+    tmp_path: Path, settings: RolloutSchedulerConfig, *, caught_up: list[bool], train: bool = True
+) -> tuple[list[str], RolloutScheduler]:
+    """A lockstep scheduler on an embedded bus; Env answers at once; a trainer thread publishes a version for each
+    announced round. ``caught_up[0]`` is what the pipeline hook answers. Returns the order of events."""
+    from orchard.bus import open_bus
+    from orchard.config import EmbeddedBusConfig
+    from producers.rollout.scheduler import LockstepHooks, run_rollout_scheduler
+
+    events: list[str] = []
+    lock = threading.Lock()
+    codec = Codec.default()
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        bus.create_topic(settings.rounds_topic, partitions=1, exist_ok=True)
+        stop = threading.Event()
+
+        def trainer() -> None:  # publishes version r + 1 for announced round r
+            with bus.consumer([settings.rounds_topic], group=None, start="earliest") as rounds, bus.producer() as out:
+                while not stop.is_set():
+                    for record in rounds.poll(timeout_s=0.1):
+                        announced = codec.decode(record.value).record
+                        with lock:
+                            events.append(f"announced {announced['round']} ({announced['episodes']} episodes)")
+                        trained = {"rollout_round": float(announced["round"])}
+                        version = {"run_id": "run-1", "model": "policy", "version": announced["round"] + 1,
+                                   "uri": "file:///w", "sha256": "0", "trainer_step": 1, "metrics": trained,
+                                   "created_at": 0}  # fmt: skip
+                        out.send(settings.versions_topic, codec.encode("PolicyVersion", version), key=b"policy")
+                        with lock:
+                            events.append(f"version {announced['round'] + 1}")
+
+        with bus.producer() as producer:
+
+            def submit(request: EpisodeRequest) -> None:
+                with lock:
+                    if f"submit {request.group_id[:7]}" not in events:
+                        events.append(f"submit {request.group_id[:7]}")
+                record = {**outcome(request, True), "reward": 1.0, "num_model_calls": 1, "started_at": 1, "ended_at": 1}
+                producer.send(settings.topic, codec.encode("EpisodeOutcome", record), key=request.episode_id.encode())
+
+            served: list[int] = []
+            hooks = LockstepHooks(pipeline_caught_up=lambda: caught_up[0],
+                                  engine_serves=lambda v: served.append(v) is None)  # fmt: skip
+            thread = threading.Thread(target=trainer, daemon=True)
+            if train:
+                thread.start()
+            try:
+                scheduler = run_rollout_scheduler(bus, settings, submit, codec=codec, hooks=hooks)
+            finally:
+                stop.set()
+                if train:
+                    thread.join(timeout=10)
+    events.append(f"served {sorted(set(served))}")
+    return events, scheduler
+
+
+def test_a_lockstep_round_starts_only_after_the_version_trained_on_the_round_before_and_the_last_one_is_awaited(
+    tmp_path: Path,
+) -> None:
+    settings = config(rounds=3, lockstep=True, round_timeout_s=20.0)
+    events, scheduler = _lockstep_run(tmp_path, settings, caught_up=[True])
+
+    assert events == [
+        "submit r000000", "announced 0 (8 episodes)", "version 1",
+        "submit r000001", "announced 1 (8 episodes)", "version 2",
+        "submit r000002", "announced 2 (8 episodes)", "version 3",
+        "served [1, 2, 3]",
+    ]  # fmt: skip
+    assert scheduler.trained_round == 2 and scheduler.announced == {0, 1, 2}
+
+
+def test_a_lockstep_round_is_announced_only_once_the_pipeline_has_caught_up(tmp_path: Path) -> None:
+    from producers.rollout.scheduler import LockstepTimeout
+
+    settings = config(rounds=2, lockstep=True, round_timeout_s=1.0)
+    with pytest.raises(LockstepTimeout, match="the pipeline to make round 0's samples"):
+        _lockstep_run(tmp_path, settings, caught_up=[False])
+
+
+def test_a_lockstep_rollout_without_a_trainer_fails_after_the_round_timeout_instead_of_going_ahead(
+    tmp_path: Path,
+) -> None:
+    from producers.rollout.scheduler import LockstepTimeout
+
+    settings = config(rounds=2, lockstep=True, round_timeout_s=1.0)
+    with pytest.raises(LockstepTimeout, match="a policy version trained on round 0"):
+        _lockstep_run(tmp_path, settings, caught_up=[True], train=False)
+
+
+def test_a_restarted_lockstep_scheduler_announces_a_round_it_had_finished_but_not_announced(tmp_path: Path) -> None:
+    from orchard.bus import open_bus
+    from orchard.config import EmbeddedBusConfig
+
+    settings = config(rounds=1, lockstep=True, round_timeout_s=20.0)
+    codec = Codec.default()
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus, bus.producer() as producer:
+        bus.create_topic(settings.topic, exist_ok=True)
+        for request in RolloutScheduler(settings, [].append).submit_round():  # round 0 ran; the scheduler died
+            record = {**outcome(request, True), "reward": 1.0, "num_model_calls": 1, "started_at": 1, "ended_at": 1}
+            producer.send(settings.topic, codec.encode("EpisodeOutcome", record), key=request.episode_id.encode())
+    events, scheduler = _lockstep_run(tmp_path, settings, caught_up=[True])
+
+    assert events[:4] == ["announced 0 (0 episodes)", "version 1", "submit r000001", "announced 1 (8 episodes)"]
+    assert scheduler.announced == {0, 1}
+
+
+def test_lockstep_needs_its_hooks(tmp_path: Path) -> None:
+    from orchard.bus import open_bus
+    from orchard.config import EmbeddedBusConfig
+    from producers.rollout.scheduler import run_rollout_scheduler
+
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus, pytest.raises(ValueError, match="LockstepHooks"):
+        run_rollout_scheduler(bus, config(lockstep=True), [].append)

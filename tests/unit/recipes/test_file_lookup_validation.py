@@ -67,7 +67,7 @@ def test_the_ablation_overlay_runs_through_b_then_rl_each_evaluated_on_the_valid
     ]  # fmt: skip
     trainer = config.components["trainer-rl"].set
     assert trainer[2] == "lr=1e-4"  # the README's rows set the lr, the schedule and skip_zero_advantage by index
-    assert trainer[3].startswith("schedule=") and trainer[15] == "loss.skip_zero_advantage=true"
+    assert trainer[3].startswith("schedule=") and trainer[12] == "loss.skip_zero_advantage=true"
     assert config.components["rollout-rl"].rounds == 16
     assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
     evaluation = config.components["validation-rl-bar"].run

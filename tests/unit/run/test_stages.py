@@ -90,7 +90,9 @@ def test_a_rollouts_new_policy_wait_reaches_its_command_and_the_cli_refuses_it_f
         env={"ORCHARD_ENV_TOKEN": "t"},
     )  # fmt: skip
     assert refused.exit_code != 0
-    assert "--new-policy-wait applies to rollout rounds" in str(refused.output) + str(refused.exception)
+    assert "--new-policy-wait, --lockstep and --seed apply to rollout rounds" in str(refused.output) + str(
+        refused.exception
+    )
 
 
 def test_stages_start_their_components_in_order_and_end_on_exits_then_stop_what_they_name() -> None:

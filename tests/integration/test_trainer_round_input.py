@@ -1,0 +1,184 @@
+"""Lockstep rounds (``input: rounds``): a round is trained whole, in key order, whatever the timing of its samples.
+
+- the same rounds delivered in two bus orders, one all at once and one slowly with the round's samples shuffled,
+  give the same steps and bitwise the same weights after every round (tiny model, CPU, deterministic torch);
+- every announced round gets exactly one version, tagged with the round, an empty round included;
+- a trainer stopped between rounds and started again skips the rounds it trained and continues with the next;
+- a sample that arrives after its round was announced is trained with the next round, not lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchard.bus import open_bus
+from orchard.clock import now_ms
+from orchard.codec import Codec
+from orchard.config import EmbeddedBusConfig, LocalStoreConfig, OrchardConfig
+from orchard.store import open_store
+from orchard.topics import POLICY_VERSIONS, ROLLOUT_ROUNDS
+from trainers.checkpoint import CheckpointStore
+from trainers.config import PolicyTrainerConfig
+from trainers.policy import PolicyTrainer, _Step
+from trainers.synthetic import produce_samples, synthetic_stream
+
+MODEL = "tiny-llama-micro"
+TINY_VOCAB = 420
+PER_ROUND = 10  # 40 tokens each, 4 a step (batch_tokens=160): 3 steps a round, the last of 2 samples
+
+
+class RecordingTrainer(PolicyTrainer):
+    """A policy trainer that records the sample ids of every step it trains."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[list[str]] = []
+
+    def _train(self, step: _Step) -> None:
+        self.batches.append([s.sample_id for s in step.samples])
+        super()._train(step)
+
+
+def _orchard(root: Path) -> OrchardConfig:
+    return OrchardConfig(
+        run_id="r1", bus=EmbeddedBusConfig(path=root / "bus"), store=LocalStoreConfig(path=root / "store")
+    )
+
+
+def _config(root: Path, **overrides: Any) -> PolicyTrainerConfig:
+    base: dict[str, Any] = {
+        "model": {"type": "tiny", "name": MODEL, "seed": 1},
+        "run_dir": root / "run",
+        "input": "rounds",
+        "loss": {"kind": "rl"},
+        "batch_tokens": 160,
+        "lr": 1e-3,
+        "poll_timeout_s": 0.05,
+        "deterministic": True,
+        "cpu_threads": 1,
+        "seed": 3,
+    }
+    return PolicyTrainerConfig.model_validate(base | overrides)
+
+
+def _round_samples(round_index: int) -> list[dict[str, Any]]:
+    records = synthetic_stream(PER_ROUND, run_id="r1", vocab_size=TINY_VOCAB, lengths=(40,), seed=10 + round_index)
+    for record in records:
+        record["group_id"] = f"r{round_index:06d}-{record['group_id']}"
+    return records
+
+
+def _announce(bus_path: Path, round_index: int) -> None:
+    record = {"run_id": "r1", "round": round_index, "episodes": PER_ROUND, "group_ids": [], "policy_version": None,
+              "created_at": now_ms()}  # fmt: skip
+    with open_bus(EmbeddedBusConfig(path=bus_path)) as bus, bus.producer() as producer:
+        bus.create_topic(ROLLOUT_ROUNDS, 1, exist_ok=True)
+        producer.send(ROLLOUT_ROUNDS, Codec.default().encode("RolloutRound", record), key=b"r1")
+
+
+def _versions(bus_path: Path) -> list[dict[str, Any]]:
+    with open_bus(EmbeddedBusConfig(path=bus_path)) as bus:
+        bus.create_topic(POLICY_VERSIONS, 1, exist_ok=True)
+        with bus.consumer([POLICY_VERSIONS], group=None, start="earliest") as consumer:
+            records = consumer.poll(max_records=100, timeout_s=0.5)
+    return [Codec.default().decode(r.value).record for r in records]
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _weights(root: Path) -> dict[str, torch.Tensor]:
+    with open_store(LocalStoreConfig(path=root / "store")) as store:
+        checkpoint = CheckpointStore(store, "r1", "policy", root / "scratch").load_latest()
+    assert checkpoint is not None
+    return checkpoint.tensors["model"]
+
+
+def _run_rounds(root: Path, rounds: list[list[dict[str, Any]]], *, shuffle: bool) -> RecordingTrainer:
+    """Deliver each round's samples (shuffled, in two parts, if asked), announce it, wait for its version."""
+    trainer = RecordingTrainer(_config(root), _orchard(root))
+    runner = threading.Thread(target=trainer.run, daemon=True)
+    runner.start()
+    order = np.random.default_rng(5)
+    for index, records in enumerate(rounds):
+        records = [records[int(i)] for i in order.permutation(len(records))] if shuffle else records
+        parts = (records[: len(records) // 2], records[len(records) // 2 :]) if shuffle else (records,)
+        for part in parts:
+            with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
+                produce_samples(bus, "samples", part)
+        _announce(root / "bus", index)
+        _wait(lambda: len(_versions(root / "bus")) > index, 120, f"round {index}'s version")  # noqa: B023
+    trainer.request_drain()
+    runner.join(timeout=120)
+    assert not runner.is_alive()
+    return trainer
+
+
+def test_rounds_in_two_bus_orders_give_the_same_steps_and_weights_and_one_tagged_version_per_round(
+    tmp_path: Path,
+) -> None:
+    rounds = [_round_samples(0), _round_samples(1), []]  # the third round taught nothing: still a version
+    first = _run_rounds(tmp_path / "a", rounds, shuffle=False)
+    second = _run_rounds(tmp_path / "b", rounds, shuffle=True)
+
+    assert first.batches == second.batches and len(first.batches) == 6
+    for versions in (_versions(tmp_path / "a" / "bus"), _versions(tmp_path / "b" / "bus")):
+        assert [(v["version"], v["metrics"]["rollout_round"], v["trainer_step"]) for v in versions] == [
+            (1, 0.0, 3), (2, 1.0, 6), (3, 2.0, 6)
+        ]  # fmt: skip
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_restarted_trainer_skips_the_rounds_it_trained_and_trains_the_next(tmp_path: Path) -> None:
+    _run_rounds(tmp_path / "once", [_round_samples(0), _round_samples(1)], shuffle=False)
+    root = tmp_path / "twice"
+    _run_rounds(root, [_round_samples(0)], shuffle=False)
+    again = RecordingTrainer(_config(root), _orchard(root))
+    runner = threading.Thread(target=again.run, daemon=True)
+    runner.start()
+    with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
+        produce_samples(bus, "samples", _round_samples(1))
+    _announce(root / "bus", 1)
+    _wait(lambda: len(_versions(root / "bus")) == 2, 120, "round 1's version")
+    again.request_drain()
+    runner.join(timeout=120)
+
+    assert len(again.batches) == 3  # round 1's steps only: round 0's record was read again and skipped
+    assert [v["metrics"]["rollout_round"] for v in _versions(root / "bus")] == [0.0, 1.0]
+    once, twice = _weights(tmp_path / "once"), _weights(root)
+    assert all(torch.equal(once[name], twice[name]) for name in once)
+
+
+def test_a_sample_that_comes_after_its_round_was_announced_is_trained_with_the_next_round(tmp_path: Path) -> None:
+    root = tmp_path
+    trainer = RecordingTrainer(_config(root), _orchard(root))
+    runner = threading.Thread(target=trainer.run, daemon=True)
+    runner.start()
+    late, *rest = _round_samples(0)
+    with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
+        produce_samples(bus, "samples", rest)
+    _announce(root / "bus", 0)
+    _wait(lambda: len(_versions(root / "bus")) == 1, 120, "round 0's version")
+    with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
+        produce_samples(bus, "samples", [late, *_round_samples(1)])
+    _announce(root / "bus", 1)
+    _wait(lambda: len(_versions(root / "bus")) == 2, 120, "round 1's version")
+    trainer.request_drain()
+    runner.join(timeout=120)
+
+    trained = [sample for batch in trainer.batches for sample in batch]
+    assert len(trained) == 2 * PER_ROUND and len(set(trained)) == 2 * PER_ROUND
+    assert late["sample_id"] in [sample for batch in trainer.batches[3:] for sample in batch]

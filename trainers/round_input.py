@@ -1,0 +1,134 @@
+"""Lockstep rounds (``input: rounds``): each rollout round's samples trained whole, in key order, then one version.
+
+A lockstep rollout scheduler (``producers.rollout.scheduler``, ``lockstep``) announces round *r* on
+``rollout-rounds`` only once every episode of the round has ended and the pipeline's consumer groups are done with
+what is on their topics: every sample the round will make is then on the samples topic. On that record this source:
+
+1. takes the samples topic's end offsets *now*: the round's samples end there;
+2. reads from where the last round ended up to those ends (however late or in whatever order the records arrive;
+   the position, not an idle time, says when it has them all) and keeps the valid samples of its run, one per
+   ``sample_id``, sorted by ``Sample.key`` (task, episode, sample id);
+3. yields that list as steps of ``batch_tokens * grad_accum`` tokens, the last one partial, then a ``Step`` marked
+   ``round_end``: the trainer publishes a version whose ``metrics["rollout_round"]`` is *r* (even when the round gave
+   nothing to train: the scheduler waits for it) and checkpoints.
+
+So which samples a round trains, their order, its steps and the version after it depend on the samples alone, not
+on when they arrived or how busy the machine was. ``publish_every`` and ``checkpoint_every`` do not apply: a version
+and a checkpoint per round. The checkpoint holds the round's end offsets and the round (``TrainerState.round``); a
+restart mid-round starts the round again from the previous one's end, so no sample is trained twice, and a trainer
+of the next stage (same run and model name) continues with the next round. A round record the trainer has trained
+already (a replay of the topic after a restart) is skipped.
+
+A drain (SIGTERM) trains every round announced by then and ends. ``max_steps`` reached within a round ends the
+stage there, without the round's version: keep it above what the rounds need.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from orchard.bus import Consumer, TopicPartition
+from orchard.bus.dead_letter import DeadLetterRouter
+from orchard.codec import Codec
+from orchard.logging import get_logger
+from orchard.serialization_errors import SerializationError
+from trainers.checkpoint import TrainerState
+from trainers.intake import SampleIntake
+from trainers.sample_source import Queued, SampleSource, Step
+from trainers.stage_input import _item_key, read_to_end, unique_sorted
+from trainers.staleness import LagStats
+
+log = get_logger("trainers.round_input")
+
+
+class RoundSource(SampleSource):
+    """Steps from lockstep rollout rounds (module docstring)."""
+
+    schedules_outputs = False  # one version and one checkpoint per round, not every N steps
+
+    round_trained: int | None = None
+    """The newest round trained (from the checkpoint; None before the first)."""
+    _round_ends: dict[TopicPartition, int]
+    """Where the samples of the round being trained end."""
+
+    def steps(self, consumer: Consumer, router: DeadLetterRouter, intake: SampleIntake) -> Iterator[Step]:
+        """For each announced round not trained yet: its steps, then its ``round_end`` marker."""
+        topic = self.config.rounds_topic
+        self.bus.create_topic(topic, partitions=1, exist_ok=True)
+        announcements = self.bus.consumer([topic], group=None, start="earliest")
+        codec = Codec.default()
+        pending: set[int] = set()
+        try:
+            while not self.done():
+                pending |= self._announced(announcements, codec, intake.run_id)
+                pending = {r for r in pending if self.round_trained is None or r > self.round_trained}
+                if not pending:
+                    if self._drain_requested.is_set():
+                        log.info("drained on request, exiting", step=self.trainer_step(), round=self.round_trained)
+                        return
+                    continue
+                round_index = min(pending)
+                pending.discard(round_index)
+                ends = self._read_round(consumer, router, intake, round_index)
+                while self._queue and not self.done() and (step := self._form_step(full_only=False)) is not None:
+                    yield step
+                if self.done():
+                    log.warning("max_steps reached within a round: it gets no version", round=round_index,
+                                step=self.trainer_step())  # fmt: skip
+                    return
+                self._round_ends = ends
+                yield Step(consumed=[], samples=[], lags=LagStats(), round_end=round_index)
+        finally:
+            announcements.close()
+
+    def settle(self, step: Step, consumer: Consumer) -> None:
+        """At a round's end: its end offsets count as trained, and the round as the newest trained."""
+        if step.round_end is None:
+            return
+        for tp, end in self._round_ends.items():
+            mine = self.consumed.setdefault(tp.topic, {})
+            mine[tp.partition] = max(mine.get(tp.partition, 0), end)
+        self.round_trained = step.round_end
+
+    def resume(self, state: TrainerState, consumer: Consumer) -> None:
+        """The checkpoint's offsets, and its newest round trained."""
+        super().resume(state, consumer)
+        self.round_trained = state.round
+
+    def record_position(self, state: TrainerState) -> None:
+        """The newest round trained goes into every checkpoint (the next stage's trainer continues after it)."""
+        state.round = self.round_trained
+
+    def _announced(self, announcements: Consumer, codec: Codec, run_id: str) -> set[int]:
+        """Rounds of this run announced since the last look (waits up to ``poll_timeout_s`` for one)."""
+        rounds = set()
+        for record in announcements.poll(max_records=256, timeout_s=self.config.poll_timeout_s):
+            try:
+                decoded = codec.decode(record.value)
+            except SerializationError as exc:
+                log.warning("undecodable round announcement skipped", offset=record.offset, error=str(exc))
+                continue
+            if decoded.name == "RolloutRound" and decoded.record["run_id"] == run_id:
+                rounds.add(int(decoded.record["round"]))
+        return rounds
+
+    def _read_round(
+        self, consumer: Consumer, router: DeadLetterRouter, intake: SampleIntake, round_index: int
+    ) -> dict[TopicPartition, int]:
+        """Queue the round's samples in key order: every record up to the topic's end offsets as of now."""
+        topic = self.config.topic
+        info = self.bus.describe_topic(topic)
+        ends = {TopicPartition(topic, p): end for p, end in info.end_offsets.items()}
+        for tp in ends:  # from where the last round ended (the consumer may have polled past it: never here)
+            consumer.seek(tp, self.consumed.get(topic, {}).get(tp.partition, info.start_offsets.get(tp.partition, 0)))
+        items = []
+        for record in read_to_end(consumer, ends, self.config.poll_timeout_s):
+            sample = self._take(record, router, intake)
+            if sample is not None:
+                items.append(Queued(record.topic_partition, record.offset, sample))
+        kept = unique_sorted(items, _item_key, lambda item: item.sample.sample_id if item.sample else "")
+        self._queue = deque(kept)
+        log.info("round samples read", round=round_index, samples=len(kept), duplicates=len(items) - len(kept),
+                 ends={tp.partition: end for tp, end in ends.items()})  # fmt: skip
+        return ends
