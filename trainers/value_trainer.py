@@ -7,6 +7,14 @@ policy's (``trainers.weights.publish_policy_version``: files and a manifest with
 ``PolicyVersion`` record with ``model=<name>``, default ``"value"``, so engines that follow the policy ignore it);
 every ``checkpoint_every`` steps a checkpoint goes to the store (``trainers.checkpoint``).
 
+With ``input: complete`` (``orchard train value --input complete``) the trainer does not follow the stream: it takes
+the topic's end offsets when it starts (a stage whose trajectories are all on the bus), reads every record up to them
+however they arrive, sorts the examples by (task id, episode id) and makes one pass over them, ``batch_size`` per step
+(the last step partial, ``max_steps`` a cap), then publishes, checkpoints and returns. Which trajectories it trains
+on, their order and its steps depend on the trajectories alone; no idle time decides the end. Its checkpoints keep
+the pass's start and end offsets and how many examples of the sorted pass were trained (``pass_position``), so a
+restart mid-pass reads the same trajectories and goes on from the same example.
+
 Offsets live in the checkpoint, as the policy trainer's do: per partition, the next offset after the last record
 that went into an optimizer step (skipped records count as trained once a later step passes them). A restarted
 trainer seeks to them, so nothing is trained twice and nothing skipped; the consumer group's own committed offsets
@@ -28,7 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard.artifacts import policy_artifact_name
-from orchard.bus import Bus, Producer, Record
+from orchard.bus import Bus, Consumer, Producer, Record
 from orchard.bus.base import TopicPartition, poll_through_self_fence
 from orchard.bus.dead_letter import DeadLetterRouter
 from orchard.episode_groups import is_eval_group
@@ -40,6 +48,7 @@ from orchard.trajectory import Trajectory
 from orchard.trajectory_records import trajectory_from_record
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.exceptions import CheckpointError, TrainerError
+from trainers.stage_input import read_to_end
 from trainers.value import ValueExample, ValueModel, ValueModelConfig, bce_step, trajectory_label, trajectory_tokens
 from trainers.weights import publish_policy_version
 
@@ -68,6 +77,11 @@ class ValueTrainerConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     max_steps: int | None = Field(None, ge=1, description="Stop after this many steps (None: run until stopped).")
     poll_timeout_s: float = Field(1.0, gt=0, le=1.0, description="Longest wait of one poll (≤1 s: Ctrl-C works).")
+    input: Literal["stream", "complete"] = Field(
+        "stream",
+        description="stream: train on trajectories as they arrive; complete: every trajectory on the topic when it "
+        "starts, sorted by (task, episode), one pass, then publish and exit (module docstring).",
+    )
 
     def consumer_group(self) -> str:
         """``group``, else one per run and model name."""
@@ -96,6 +110,8 @@ class ValueTrainer:
         self.skipped = 0
         self.last_loss: float | None = None
         self.offsets: Offsets = {}
+        self.input_end: Offsets | None = None  # input: complete: where the pass's trajectories end (None: not begun)
+        self.pass_position = 0  # input: complete: examples of the sorted pass trained
         self._pending: deque[_Pending] = deque()
         self._buffered = 0
 
@@ -140,10 +156,20 @@ class ValueTrainer:
             if entry.example is not None:
                 batch.append(entry.example)
         self._buffered -= len(batch)
+        return self.train_batch(batch)
+
+    def train_batch(self, batch: list[ValueExample]) -> float:
+        """One optimizer step on ``batch``; returns the loss."""
         self.last_loss = bce_step(self.model, self.optimizer, batch, self.config.max_grad_norm)
         self.step += 1
         log.debug("value step", step=self.step, loss=round(self.last_loss, 5))
         return self.last_loss
+
+    def example(self, trajectory: Trajectory | None) -> ValueExample | None:
+        """The example ``trajectory`` gives (None: skipped, counted), for a complete input."""
+        example = self._example(trajectory)
+        self.skipped += example is None
+        return example
 
     def _advance(self, entry: _Pending) -> None:
         if entry.offset >= 0:
@@ -179,6 +205,7 @@ class ValueTrainer:
         tensors.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
         counters = {"skipped": float(self.skipped)}
         state = TrainerState(self.step, self.version, self.offsets, counters, python_rng, numpy_rng)
+        state.epoch_end, state.pass_position = self.input_end, self.pass_position
         return checkpoints.save(tensors, state)
 
     def restore(self, checkpoints: CheckpointStore, store: ArtifactStore) -> Offsets:
@@ -195,6 +222,7 @@ class ValueTrainer:
             self.version = loaded.state.policy_version
             self.offsets = {topic: dict(parts) for topic, parts in loaded.state.offsets.items()}
             self.skipped = int(loaded.state.counters.get("skipped", 0))
+            self.input_end, self.pass_position = loaded.state.epoch_end, loaded.state.pass_position
         self.version = max(self.version, store.latest_version(self.artifact_name) or 0)
         return self.offsets
 
@@ -251,6 +279,9 @@ def run_value_trainer(
     try:
         for partition, offset in offsets.get(config.topic, {}).items():
             consumer.seek(TopicPartition(config.topic, partition), offset)
+        if config.input == "complete":
+            _train_complete(bus, consumer, router, trainer, config, store, producer, checkpoints, scratch_dir, stop)
+            return trainer
         idle = 0
         while not _finished(trainer, config, stop):
             records = poll_through_self_fence(
@@ -272,6 +303,58 @@ def run_value_trainer(
         producer.close()
     log.info("value trainer stopped", step=trainer.step, version=trainer.version, skipped=trainer.skipped)
     return trainer
+
+
+def _train_complete(
+    bus: Bus,
+    consumer: Consumer,
+    router: DeadLetterRouter,
+    trainer: ValueTrainer,
+    config: ValueTrainerConfig,
+    store: ArtifactStore,
+    producer: Producer,
+    checkpoints: CheckpointStore,
+    scratch_dir: Path,
+    stop: threading.Event | None,
+) -> None:
+    """``input: complete``: read up to the pass's end, sort, train the rest of the pass, publish, checkpoint."""
+    topic = config.topic
+    info = bus.describe_topic(topic)
+    resumed, skipped = trainer.input_end is not None, trainer.skipped  # a resumed pass counted and lettered its skips
+    if trainer.input_end is None:
+        trainer.input_end = {topic: dict(info.end_offsets)}
+    start = trainer.offsets.get(topic, {})
+    ends = {TopicPartition(topic, p): end for p, end in trainer.input_end.get(topic, {}).items()}
+    for tp in ends:
+        consumer.seek(tp, start.get(tp.partition, info.start_offsets.get(tp.partition, 0)))
+    keyed = []
+    for record in read_to_end(consumer, ends, config.poll_timeout_s):
+        trajectory = _decode_quietly(record, router) if resumed else _decode(router, record)
+        example = trainer.example(trajectory)
+        if trajectory is not None and example is not None:
+            keyed.append(((trajectory.task_id, trajectory.episode_id), example))
+    trainer.skipped = skipped if resumed else trainer.skipped
+    examples = [example for _, example in sorted(keyed, key=lambda item: item[0])]
+    log.info("value trainer input read", examples=len(examples), skipped=trainer.skipped, trained=trainer.pass_position,
+             ends={tp.partition: end for tp, end in ends.items()})  # fmt: skip
+    while trainer.pass_position < len(examples) and not _finished(trainer, config, stop):
+        batch = examples[trainer.pass_position : trainer.pass_position + config.batch_size]
+        trainer.train_batch(batch)
+        trainer.pass_position += len(batch)
+        if trainer.step % config.publish_every == 0:
+            trainer.publish(store, producer, scratch_dir)
+        if trainer.step % config.checkpoint_every == 0:
+            producer.flush()
+            trainer.checkpoint(checkpoints)
+    if stop is not None and stop.is_set():
+        return
+    # the pass is over (or max_steps): offsets at its end, so a restart trains nothing twice
+    trainer.offsets = {topic: {tp.partition: end for tp, end in ends.items()}}
+    trainer.input_end, trainer.pass_position = None, 0
+    if trainer.step and trainer.step % config.publish_every:
+        trainer.publish(store, producer, scratch_dir)
+    producer.flush()
+    trainer.checkpoint(checkpoints)
 
 
 def _publish_on_idle_exit(
@@ -316,6 +399,15 @@ def _step(
     if trainer.step % config.checkpoint_every == 0 or last:
         producer.flush()  # dead letters of the records this checkpoint's offsets pass over are acknowledged first
         trainer.checkpoint(checkpoints)
+
+
+def _decode_quietly(record: Record, router: DeadLetterRouter) -> Trajectory | None:
+    """A record read again in a resumed pass: its trajectory, or None without a second dead letter."""
+    try:
+        decoded = router.codec.decode(record.value)
+        return trajectory_from_record(decoded.record, router.codec) if decoded.name == "Trajectory" else None
+    except (KeyError, ValueError, SerializationError):
+        return None
 
 
 def _decode(router: DeadLetterRouter, record: Record) -> Trajectory | None:

@@ -54,6 +54,12 @@ def value(
     idle_exit: float | None = typer.Option(
         None, "--idle-exit", min=1.0, help="Also stop (publishing first) once no trajectory came for this many seconds."
     ),
+    input_kind: str = typer.Option(
+        "stream",
+        "--input",
+        help="stream: trajectories as they arrive; complete: every trajectory on the topic at start, sorted by task "
+        "and episode, one pass, then publish and exit (no idle time decides anything).",
+    ),
     seed: int = typer.Option(0, help="Seed of the backbone (tiny) and the head."),
     work_dir: Path | None = typer.Option(None, help="Scratch directory (default: a temporary one)."),
 ) -> None:
@@ -77,9 +83,12 @@ def value(
             publish_every=publish_every,
             checkpoint_every=checkpoint_every,
             max_steps=max_steps,
+            input=input_kind,  # type: ignore[arg-type] - validated by the model
         )
     except ValueError as exc:
         raise OrchardError(f"invalid value trainer option: {exc}") from exc
+    if input_kind == "complete" and idle_exit is not None:
+        raise OrchardError("--idle-exit ends a stream; --input complete ends after its one pass")
     stop = threading.Event()
     with cli.bus() as bus, open_store(config.store) as store, tempfile.TemporaryDirectory() as tmp:
         try:

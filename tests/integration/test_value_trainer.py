@@ -332,3 +332,50 @@ def test_a_value_model_from_the_policy_starts_from_its_newest_published_weights(
     assert len(shared) > 5 and all(torch.equal(policy[k], backbone[k.removeprefix("model.")]) for k in shared)
     fresh = ValueModel.build(ValueModelConfig(model="tiny-llama-micro", max_length=64))
     assert not torch.equal(fresh.backbone.embed_tokens.weight, model.backbone.embed_tokens.weight)
+
+
+def _complete_config(run_id: str, topic: str) -> ValueTrainerConfig:
+    return trainer_config(run_id, topic, max_steps=100).model_copy(update={"input": "complete", "group": None})
+
+
+def test_a_complete_input_trains_the_same_sorted_pass_whatever_the_bus_order_and_resumes_mid_pass(
+    bus: Bus, tmp_path: Path, unique_name: Callable[[str], str]
+) -> None:
+    """``input: complete``: 20 trajectories (3 steps of 8, the last of 4) in two bus orders give the same weights; a
+    trainer stopped after its step-2 checkpoint resumes at the same example and ends with them too."""
+    import threading
+
+    from trainers.value_trainer import ValueTrainer
+
+    run_id = unique_name("run")
+    good = [(f"ep-{i:02d}", trajectory_bytes(run_id, f"ep-{i:02d}", i % 3 == 0, seed=200 + i)) for i in range(20)]
+    weights = {}
+    for order, values in (("forward", good), ("backward", good[::-1]), ("stopped", good)):
+        topic = unique_name(f"trajectories-{order}")
+        bus.create_topic(topic, partitions=2)
+        bus.create_topic(POLICY_VERSIONS, partitions=1, exist_ok=True)
+        produce(bus, topic, [("ep-garbage", b"not an avro record"), *values])
+        store = open_store(LocalStoreConfig(path=tmp_path / order / "store"))
+        config = _complete_config(run_id, topic)
+        stop = threading.Event()
+        if order == "stopped":
+
+            class StopsAfterTwo(ValueTrainer):
+                def train_batch(self, batch: list[Any], stop: threading.Event = stop) -> float:
+                    loss = super().train_batch(batch)
+                    if self.step == 2:
+                        stop.set()
+                    return loss
+
+            first = StopsAfterTwo(config, ValueModel.build(config.value_model))
+            run_value_trainer(bus, store, config, scratch_dir=tmp_path / order / "a", stop=stop, trainer=first)
+            assert (first.step, first.pass_position) == (2, 16)
+        trainer = run_value_trainer(bus, store, config, scratch_dir=tmp_path / order / "b")
+        assert (trainer.step, trainer.skipped, trainer.pass_position, trainer.input_end) == (3, 1, 0, None)
+        end = bus.describe_topic(topic).end_offsets
+        assert trainer.offsets[topic] == {p: end[p] for p in end}
+        weights[order] = trainer.model.state_dict()
+        assert [v["trainer_step"] for v in policy_versions(bus, run_id) if v["model"] == "value"][-1] == 3
+        store.close()
+    for order in ("backward", "stopped"):
+        assert all(torch.equal(weights["forward"][name], weights[order][name]) for name in weights["forward"])
