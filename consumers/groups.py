@@ -44,10 +44,13 @@ def group_key(trajectory: Trajectory, by: GroupBy = "auto") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One trajectory in a group: its episode id and the event time it joined."""
+    """One trajectory in a group: its episode id and the event time it joined. An ``empty`` member is an episode of
+    the group that is not trained on (crashed, incomplete, without calls): it counts towards the group's size, so the
+    group closes once every episode started with it has arrived, but has no reward and no samples."""
 
     episode_id: str
     joined_ms: int
+    empty: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +71,13 @@ class _OpenGroup:
     members: list[Member] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        members = [[m.episode_id, m.joined_ms] for m in self.members]
+        members = [[m.episode_id, m.joined_ms, *([True] if m.empty else [])] for m in self.members]
         return json.dumps({"opened_ms": self.opened_ms, "members": members}).encode()
 
     @classmethod
     def from_bytes(cls, key: str, data: bytes) -> _OpenGroup:
         value = json.loads(data)
-        return cls(key, value["opened_ms"], [Member(e, t) for e, t in value["members"]])
+        return cls(key, value["opened_ms"], [Member(*member) for member in value["members"]])
 
 
 class GroupBuilder:

@@ -3,7 +3,9 @@
 Flow of one trajectory (all state in the ``StateStore``, so a restart resumes exactly where the last commit was):
 
 1. **Arrive** (``trajectories`` topic). Incomplete trajectories, statuses not in ``train_statuses``, trajectories
-   without calls and re-deliveries of an episode already seen are counted, logged and not trained on. Otherwise the
+   without calls and re-deliveries of an episode already seen are counted, logged and not trained on. The first
+   three still join their rollout group as *empty* members (no reward, no samples), so a group closes once every
+   episode started with it has arrived rather than on its timeout (a lockstep rollout counts on that). Otherwise the
    trajectory is reduced to a ``PreparedTrajectory`` (token sequences + per-call facts) and stored.
 2. **Wait for scores** (``scores`` topic): until every scorer named in ``scorers`` or ``credit.score_credit`` is
    done with the episode, or ``score_wait_ms`` of event time has passed since the trajectory arrived (then the
@@ -208,6 +210,14 @@ class SampleBuilder(Processor):
         if skip is not None:
             self.stats[skip] += 1
             log.info("trajectory not trained on", episode_id=episode, reason=skip, detail=trajectory.incomplete_reason)
+            # one of its group's episodes all the same: the group is not left waiting for it until its timeout
+            if skip not in ("duplicate", "evaluation") and trajectory.group_id:
+                with self._store().at_partition(partition):
+                    closed = self._groups.add(
+                        group_key(trajectory, self.config.group_by), Member(episode, arrived_ms, empty=True)
+                    )
+                if closed is not None:
+                    self._emit_group(closed, emit)
             return
         state = self._store()
         prepared = PreparedTrajectory.of(trajectory, arrived_ms, facts="SFT" in self.config.kinds)
@@ -308,12 +318,18 @@ class SampleBuilder(Processor):
     # ------------------------------------------------------------------ output
     def _emit_group(self, group: ClosedGroup, emit: Emit) -> None:
         state = self._store()
-        with state.at_partition(state.home(_TRAJ + group.members[0].episode_id)):  # the members' partition
-            self._emit_closed(group, emit)
+        trained = [member for member in group.members if not member.empty]
+        if not trained:  # every episode of the group was one not trained on
+            self.stats["groups_without_trainable_members"] += 1
+            log.info("group closed", group=group.key, reason=group.reason, size=0, samples=0,
+                     skipped=len(group.members))  # fmt: skip
+            return
+        with state.at_partition(state.home(_TRAJ + trained[0].episode_id)):  # the members' partition
+            self._emit_closed(group, trained, emit)
 
-    def _emit_closed(self, group: ClosedGroup, emit: Emit) -> None:
+    def _emit_closed(self, group: ClosedGroup, trained: list[Member], emit: Emit) -> None:
         state = self._store()
-        members = [PreparedTrajectory.from_bytes(_required(state, _TRAJ + m.episode_id)) for m in group.members]
+        members = [PreparedTrajectory.from_bytes(_required(state, _TRAJ + m.episode_id)) for m in trained]
         advantages = group_advantages(
             [m.reward for m in members], eps=self.config.advantage_eps, normalise_std=self.config.normalise_std,
             ddof=self.config.advantage_ddof,
@@ -333,7 +349,7 @@ class SampleBuilder(Processor):
         self.stats["samples"] += emitted
         log.info(
             "group closed", group=group.key, reason=group.reason, size=len(members), samples=emitted,
-            rewards=[m.reward for m in members],
+            rewards=[m.reward for m in members], skipped=len(group.members) - len(members),
         )  # fmt: skip
 
     def _samples(

@@ -279,8 +279,11 @@ def test_with_a_call_index_baseline_siblings_that_did_the_same_get_no_dense_sign
     inputs: list[Input | int] = []
     for index, first in enumerate([0.5, 0.5, -0.1]):  # all succeeded; e2's first call was a detour
         name = f"e{index}"
-        inputs += [episode(name, reward=1.0, status="SUCCEEDED", timestamp=1000 + index),
-                   score(name, "steps", 0, first, 1000 + index), score(name, "steps", 1, 0.5, 1000 + index)]
+        inputs += [
+            episode(name, reward=1.0, status="SUCCEEDED", timestamp=1000 + index),
+            score(name, "steps", 0, first, 1000 + index),
+            score(name, "steps", 1, 0.5, 1000 + index),
+        ]
     inputs.append(1060)
     out, _ = drive(config, inputs)
     values = {sample["episode_id"]: arrays(sample)[2] for sample in out}
@@ -381,6 +384,23 @@ def test_a_group_that_never_fills_closes_on_its_timeout() -> None:
     assert out == []
     out, _ = drive(config, [*inputs, 6000])
     assert [(s["episode_id"], s["created_at"]) for s in out] == [("e0", 6000), ("e1", 6000)]
+
+
+def test_a_group_closes_full_when_its_last_episode_arrives_even_if_one_was_not_trained_on() -> None:
+    """A crashed episode and one without an outcome's calls are no samples, but still members of their group: the
+    group closes when the last episode started with it arrives, not on its timeout (lockstep rounds wait for that)."""
+    config = SampleBuilderConfig(group_size=3, group_timeout_ms=30_000)
+    inputs = [episode("e0", reward=1.0, timestamp=1000),
+              episode("crashed", reward=0.0, status="CRASHED", timestamp=1001),
+              episode("e1", reward=0.0, timestamp=1002)]  # fmt: skip
+    out, builder = drive(config, inputs)
+    assert sorted({s["episode_id"] for s in out}) == ["e0", "e1"] and {s["created_at"] for s in out} == {1002}
+    assert (builder.stats["status_CRASHED"], builder.stats["groups"]) == (1, 1)
+    out, builder = drive(config, [episode("c0", reward=0.0, status="CRASHED", timestamp=1000),
+                                  episode("c1", reward=0.0, status="CRASHED", timestamp=1001),
+                                  episode("c2", reward=0.0, status="CRASHED", timestamp=1002)])  # fmt: skip
+    assert out == [] and builder.stats["groups_without_trainable_members"] == 1
+    assert list(builder._groups.open_groups()) == []
 
 
 # ----------------------------------------------------------------------------------------------- SFT samples
