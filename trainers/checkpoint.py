@@ -133,15 +133,21 @@ class CheckpointStore:
         self.scratch_dir = scratch_dir
         self.keep = keep
 
-    def save(self, tensors: dict[str, Any], state: TrainerState) -> bool:
-        """Write a checkpoint for ``state.step``; False if that step is already checkpointed (same state)."""
+    def save(self, tensors: dict[str, Any], state: TrainerState, *, advance: bool = False) -> bool:
+        """Write a checkpoint for ``state.step``; False if that step is already checkpointed (same state).
+
+        With ``advance`` the checkpoint is stored under a number above every one stored, at least the step: a
+        state that changed without a step (a lockstep round that gave nothing to train still moves the offsets,
+        the round and the version) must not be lost to the "already checkpointed" rule. ``state.step`` inside it
+        stays the optimizer step."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="checkpoint-", dir=self.scratch_dir))
+        number = max(state.step, (self.latest_step() or -1) + 1) if advance else state.step
         try:
             torch.save(tensors, work / STATE_TENSORS)
             (work / STATE_JSON).write_bytes(state.to_json())
             files = {STATE_TENSORS: work / STATE_TENSORS, STATE_JSON: work / STATE_JSON}
-            self.store.publish_version(self.name, state.step, files, {"policy_version": state.policy_version})
+            self.store.publish_version(self.name, number, files, {"policy_version": state.policy_version})
         except VersionExistsError:
             log.info("step already checkpointed", step=state.step)
             return False

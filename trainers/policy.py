@@ -361,7 +361,7 @@ class PolicyTrainer:
         tensors = {**self.backend.state_tensors(), **rng_tensors}
         if self.reference is not None:  # a trainer restarted mid-stage keeps its stage's reference
             tensors["reference"] = self.reference.state_dict()
-        if self.checkpoints.save(tensors, state):
+        if self.checkpoints.save(tensors, state, advance=self.config.input == "rounds"):
             self.metrics.count("checkpoints")
         self._last_checkpoint_step = self.step
         self.summary.offsets = self.source.offsets()

@@ -4,7 +4,8 @@ A lockstep rollout scheduler (``producers.rollout.scheduler``, ``lockstep``) ann
 ``rollout-rounds`` only once every episode of the round has ended and the pipeline's consumer groups are done with
 what is on their topics: every sample the round will make is then on the samples topic. On that record this source:
 
-1. takes the samples topic's end offsets *now*: the round's samples end there;
+1. takes where the round's samples end on the samples topic: the end offsets the announcement carries (the topic's
+   ends when the pipeline had made them), so a trainer restarted later reads exactly the same records;
 2. reads from where the last round ended up to those ends (however late or in whatever order the records arrive;
    the position, not an idle time, says when it has them all) and keeps the valid samples of its run, one per
    ``sample_id``, sorted by ``Sample.key`` (task, episode, sample id);
@@ -19,8 +20,10 @@ restart mid-round starts the round again from the previous one's end, so no samp
 of the next stage (same run and model name) continues with the next round. A round record the trainer has trained
 already (a replay of the topic after a restart) is skipped.
 
-A drain (SIGTERM) trains every round announced by then and ends. ``max_steps`` reached within a round ends the
-stage there, without the round's version: keep it above what the rounds need.
+A round's records are read with the trainer's own offsets as the start: one before it (a group rejoin that rewound
+the consumer) is dropped. A drain (SIGTERM) trains every round announced by then and ends. ``max_steps`` is looked
+at between rounds: the round that reaches it is trained whole and gets its version, and no round starts after it.
+Samples are deduplicated by ``sample_id`` within a round.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from orchard.codec import Codec
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
 from trainers.checkpoint import TrainerState
+from trainers.exceptions import TrainerError
 from trainers.intake import SampleIntake
 from trainers.sample_source import Queued, SampleSource, Step
 from trainers.stage_input import _item_key, read_to_end, unique_sorted
@@ -58,25 +62,20 @@ class RoundSource(SampleSource):
         self.bus.create_topic(topic, partitions=1, exist_ok=True)
         announcements = self.bus.consumer([topic], group=None, start="earliest")
         codec = Codec.default()
-        pending: set[int] = set()
+        pending: dict[int, dict[TopicPartition, int] | None] = {}
         try:
             while not self.done():
                 pending |= self._announced(announcements, codec, intake.run_id)
-                pending = {r for r in pending if self.round_trained is None or r > self.round_trained}
+                pending = {r: e for r, e in pending.items() if self.round_trained is None or r > self.round_trained}
                 if not pending:
                     if self._drain_requested.is_set():
                         log.info("drained on request, exiting", step=self.trainer_step(), round=self.round_trained)
                         return
                     continue
                 round_index = min(pending)
-                pending.discard(round_index)
-                ends = self._read_round(consumer, router, intake, round_index)
-                while self._queue and not self.done() and (step := self._form_step(full_only=False)) is not None:
+                ends = self._read_round(consumer, router, intake, round_index, pending.pop(round_index))
+                while self._queue and (step := self._form_step(full_only=False)) is not None:  # whole, max_steps or not
                     yield step
-                if self.done():
-                    log.warning("max_steps reached within a round: it gets no version", round=round_index,
-                                step=self.trainer_step())  # fmt: skip
-                    return
                 self._round_ends = ends
                 yield Step(consumed=[], samples=[], lags=LagStats(), round_end=round_index)
         finally:
@@ -100,30 +99,51 @@ class RoundSource(SampleSource):
         """The newest round trained goes into every checkpoint (the next stage's trainer continues after it)."""
         state.round = self.round_trained
 
-    def _announced(self, announcements: Consumer, codec: Codec, run_id: str) -> set[int]:
-        """Rounds of this run announced since the last look (waits up to ``poll_timeout_s`` for one)."""
-        rounds = set()
+    def _announced(
+        self, announcements: Consumer, codec: Codec, run_id: str
+    ) -> dict[int, dict[TopicPartition, int] | None]:
+        """Rounds of this run announced complete since the last look, with where their samples end (None: the
+        announcement says nothing, the topic's ends then count); waits up to ``poll_timeout_s`` for one."""
+        rounds: dict[int, dict[TopicPartition, int] | None] = {}
         for record in announcements.poll(max_records=256, timeout_s=self.config.poll_timeout_s):
             try:
                 decoded = codec.decode(record.value)
             except SerializationError as exc:
                 log.warning("undecodable round announcement skipped", offset=record.offset, error=str(exc))
                 continue
-            if decoded.name == "RolloutRound" and decoded.record["run_id"] == run_id:
-                rounds.add(int(decoded.record["round"]))
+            fields = decoded.record
+            if decoded.name != "RolloutRound" or fields["run_id"] != run_id or not fields.get("complete", True):
+                continue
+            if fields.get("samples_end_offsets") and fields.get("samples_topic") != self.config.topic:
+                raise TrainerError(
+                    f"round {fields['round']}'s samples are on {fields['samples_topic']!r}, this trainer reads "
+                    f"{self.config.topic!r}: give the rollout and the trainer the same samples topic"
+                )
+            ends = fields.get("samples_end_offsets") or []
+            topic = self.config.topic
+            rounds[int(fields["round"])] = {TopicPartition(topic, p): end for p, end in enumerate(ends)} or None
         return rounds
 
     def _read_round(
-        self, consumer: Consumer, router: DeadLetterRouter, intake: SampleIntake, round_index: int
+        self,
+        consumer: Consumer,
+        router: DeadLetterRouter,
+        intake: SampleIntake,
+        round_index: int,
+        announced_ends: dict[TopicPartition, int] | None,
     ) -> dict[TopicPartition, int]:
-        """Queue the round's samples in key order: every record up to the topic's end offsets as of now."""
+        """Queue the round's samples in key order: every record from the last round's end up to this one's."""
         topic = self.config.topic
         info = self.bus.describe_topic(topic)
-        ends = {TopicPartition(topic, p): end for p, end in info.end_offsets.items()}
-        for tp in ends:  # from where the last round ended (the consumer may have polled past it: never here)
-            consumer.seek(tp, self.consumed.get(topic, {}).get(tp.partition, info.start_offsets.get(tp.partition, 0)))
+        ends = announced_ends or {TopicPartition(topic, p): end for p, end in info.end_offsets.items()}
+        starts = {tp: self.consumed.get(topic, {}).get(tp.partition, info.start_offsets.get(tp.partition, 0))
+                  for tp in ends}  # fmt: skip
+        for tp, start in starts.items():
+            consumer.seek(tp, start)
         items = []
         for record in read_to_end(consumer, ends, self.config.poll_timeout_s):
+            if record.offset < starts.get(record.topic_partition, 0):
+                continue  # a rejoin rewound the consumer to the group's committed offsets: trained already
             sample = self._take(record, router, intake)
             if sample is not None:
                 items.append(Queued(record.topic_partition, record.offset, sample))

@@ -119,10 +119,14 @@ def announce_published_version(
     """Announce ``version``, already in the store (an earlier process of the trainer published it after its last
     checkpoint), with the step its manifest records (else ``step``); return the recorded step, if any."""
     name = policy_artifact_name(run_id, model)
-    stored_step = store.read_manifest(name, version).metadata.get("trainer_step")
+    metadata = store.read_manifest(name, version).metadata
+    stored_step = metadata.get("trainer_step")
     recorded = int(stored_step) if isinstance(stored_step, int) else None
+    # its metrics as published (a lockstep round's tag among them: a rollout waits for it)
+    metrics = {key: float(value) for key, value in metadata.items()
+               if key != "trainer_step" and isinstance(value, int | float) and not isinstance(value, bool)}  # fmt: skip
     log.warning("version already published by an earlier run of this trainer; keeping it and announcing it again",
                 version=version, step=step, stored_step=recorded)  # fmt: skip
-    record = _version_record(store, run_id, model, version, recorded if recorded is not None else step, {})
+    record = _version_record(store, run_id, model, version, recorded if recorded is not None else step, metrics)
     producer.send(POLICY_VERSIONS, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
     return recorded

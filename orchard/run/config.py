@@ -249,6 +249,11 @@ class RolloutComponent(_Component):
             raise ValueError("lockstep waits for the version trained on each round: drop new_policy_wait_s")
         if self.engine is not None and not self.lockstep:
             raise ValueError("engine is what lockstep waits for: set lockstep: true too")
+        if self.lockstep and self.engine is None:
+            raise ValueError(
+                "lockstep: name the engine that serves the policy (engine: NAME or URL), so each round "
+                "starts on the version trained on the round before"
+            )
         if self.demos is not None and (self.lockstep or self.seed is not None):
             raise ValueError("lockstep and seed apply to rollout rounds, not to demos")
         return self

@@ -20,15 +20,18 @@ trainer. The wait is bounded because a round can give the trainer nothing to lea
 then no new version comes; such a round goes ahead after the wait and is counted.
 
 **Lockstep** (``lockstep``) takes the clock out of RL: each round is trained, whole, before the next one starts.
-Once every episode of round *r* has an outcome, the scheduler waits until the pipeline has made all of the round's
+Before it submits round *r* the scheduler records its plan (a ``RolloutRound`` with ``complete: false`` on
+``rollout-rounds``). Once every episode has an outcome, it waits until the pipeline has made all of the round's
 samples (``LockstepHooks.pipeline_caught_up``: the assembler, scorer and sample-builder groups are done with every
-record of their topics), then announces the round (a ``RolloutRound`` record on ``rollout-rounds``). A trainer with
-``input: rounds`` trains exactly the samples on the topic at that moment, in key order, and publishes a version
-whose ``metrics["rollout_round"]`` is *r*, even when the round taught nothing; the scheduler waits for that version,
-and for the engine to serve it (``LockstepHooks.engine_serves``), before round *r+1*. After the last round it waits
-for its version too, so the stage ends with every round trained. No wait here has a cap that lets a round go ahead
-early: each gives up, and the scheduler raises, only after ``round_timeout_s``. A restarted scheduler announces a
-round whose outcomes it finds but whose announcement it does not, so a crash between the two loses no round.
+record of their topics; the sample builder closes a group once every episode of it has arrived), then announces the
+round (``complete: true``) with the samples topic's end offsets at that moment. A trainer with ``input: rounds``
+trains exactly the samples before those offsets, in key order, and publishes a version whose
+``metrics["rollout_round"]`` is *r*, even when the round taught nothing; the scheduler waits for that version, and
+for the engine to serve it (``LockstepHooks.engine_serves``), before round *r+1*. After the last round it waits for
+its version too, so the stage ends with every round trained. No wait lets a round go ahead early: each gives up, and
+the scheduler raises ``LockstepTimeout``, only after ``round_timeout_s`` (a round whose outcomes did not all come in
+that time is announced with what came, and counted as timed out). A restarted scheduler finishes a round it had
+planned but not announced: it waits for the outcomes of every episode of the plan, then announces it.
 
 **Seeds.** With ``seed`` each episode's harness gets its own sampling seed
 (``orchard.episode_requests.episode_seed``, from the seed and the episode id, which is derived from run, round and
@@ -54,7 +57,7 @@ from orchard.codec import Codec
 from orchard.episode_requests import EpisodeRequest, SubmitFn, seeded_options
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
-from orchard.topics import OUTCOMES, POLICY_VERSIONS, ROLLOUT_ROUNDS
+from orchard.topics import OUTCOMES, POLICY_VERSIONS, ROLLOUT_ROUNDS, SAMPLES
 from producers.rollout.balanced import BalancedRollout, BalancedRolloutConfig
 from producers.rollout.exceptions import SubmissionError
 
@@ -94,6 +97,9 @@ class RolloutSchedulerConfig(BaseModel):
         "version trained on it (module docstring). Needs a trainer with input: rounds.",
     )
     rounds_topic: str = Field(ROLLOUT_ROUNDS, min_length=1, description="Topic of RolloutRound records (lockstep).")
+    samples_topic: str = Field(
+        SAMPLES, min_length=1, description="Lockstep: the topic the round's samples end on (named in its announcement)."
+    )
     seed: int | None = Field(
         None, ge=0, description="Give each episode's harness a sampling seed derived from this and its episode id."
     )
@@ -144,6 +150,8 @@ class RolloutScheduler:
         self.round_groups: list[str] = []  # the group ids of the last round submitted
         self.round_requests: list[EpisodeRequest] = []  # and its episodes
         self.outcome_groups: dict[int, set[str]] = {}  # round -> the group ids its outcomes name
+        self.outcome_episodes: dict[int, set[str]] = {}  # round -> the episodes with an outcome
+        self.planned: dict[int, tuple[int, list[str]]] = {}  # lockstep: round -> (episodes, group ids) planned
 
     @property
     def exhausted(self) -> bool:
@@ -164,6 +172,7 @@ class RolloutScheduler:
             self.last_outcome_round = max(int(match.group(1)), -1 if self.last_outcome_round is None else
                                           self.last_outcome_round)  # fmt: skip
             self.outcome_groups.setdefault(int(match.group(1)), set()).add(str(outcome["group_id"]))
+            self.outcome_episodes.setdefault(int(match.group(1)), set()).add(str(outcome["episode_id"]))
         return True
 
     def observe_policy_version(self, version: Mapping[str, Any]) -> bool:
@@ -177,10 +186,13 @@ class RolloutScheduler:
         return True
 
     def observe_round(self, announced: Mapping[str, Any]) -> bool:
-        """Fold in one decoded ``RolloutRound``; False for another run's (ignored)."""
+        """Fold in one decoded ``RolloutRound`` (planned or complete); False for another run's (ignored)."""
         if announced["run_id"] != self.config.run_id:
             return False
-        self.announced.add(int(announced["round"]))
+        if announced.get("complete", True):
+            self.announced.add(int(announced["round"]))
+        else:
+            self.planned[int(announced["round"])] = (int(announced["episodes"]), list(announced["group_ids"]))
         return True
 
     def trained(self, round_index: int) -> bool:
@@ -217,11 +229,16 @@ class RolloutScheduler:
                 )
         return requests
 
-    def submit_round(self) -> list[EpisodeRequest]:
-        """Plan the next round, submit every episode of it, and wait for their outcomes from now on."""
+    def submit_round(self, planned: Callable[[list[EpisodeRequest]], None] | None = None) -> list[EpisodeRequest]:
+        """Plan the next round, submit every episode of it, and wait for their outcomes from now on; ``planned`` is
+        called with the round's episodes before any is submitted (a lockstep scheduler records the plan)."""
         requests = self.plan_round()
         if self.config.max_episodes is not None:
             requests = requests[: max(0, self.config.max_episodes - self.submitted)]
+        if not requests:
+            return requests
+        if planned is not None:
+            planned(requests)
         for request in requests:
             self.submit(request)
         self.outstanding = {request.episode_id for request in requests}
@@ -302,7 +319,7 @@ def run_rollout_scheduler(
         _replay(bus, consumer, config.topic, scheduler, codec)
         log.info("outcomes replayed", run_id=config.run_id, observed=scheduler.observed, next_round=scheduler.round)
         if lockstep is not None:
-            lockstep.recover()
+            lockstep.recover(lambda: _feed(consumer.poll(timeout_s=_Lockstep.POLL_S), scheduler, codec))
         while not (stop is not None and stop.is_set()):
             if config.rounds is not None and scheduler.rounds_submitted >= config.rounds:
                 break
@@ -314,11 +331,10 @@ def run_rollout_scheduler(
                 _await_new_policy(versions, scheduler, codec, stop)
             if stop is not None and stop.is_set():
                 break
-            if not scheduler.submit_round():
+            if not scheduler.submit_round(lockstep.plan if lockstep is not None else None):
                 # every task reached max_task_outcomes: later rounds would be empty too, so say so and end here
                 log.warning("no task left to roll out: every task has reached max_task_outcomes", run_id=config.run_id,
-                            rounds=scheduler.rounds_submitted - 1, of=config.rounds)  # fmt: skip
-                scheduler.rounds_submitted -= 1
+                            rounds=scheduler.rounds_submitted, of=config.rounds)  # fmt: skip
                 scheduler.out_of_tasks = True
                 break
             deadline = time.monotonic() + config.round_timeout_s
@@ -329,8 +345,8 @@ def run_rollout_scheduler(
                 log.warning("round timed out", round=scheduler.round - 1, missing=len(scheduler.outstanding))
             if lockstep is not None and not (stop and stop.is_set()):
                 lockstep.announce(scheduler.round - 1, len(scheduler.round_requests))
-        if lockstep is not None and scheduler.rounds_submitted and not (stop and stop.is_set()):
-            lockstep.await_trained(scheduler.round - 1)  # the stage ends with its last round trained
+        if lockstep is not None and scheduler.announced and not (stop and stop.is_set()):
+            lockstep.await_trained(max(scheduler.announced))  # the stage ends with its last round trained
     finally:
         consumer.close()
         if versions is not None:
@@ -345,7 +361,7 @@ class LockstepTimeout(RuntimeError):
 
 
 class _Lockstep:
-    """The waits and the announcement of a lockstep scheduler (module docstring)."""
+    """The waits and the announcements of a lockstep scheduler (module docstring)."""
 
     POLL_S = 0.2
 
@@ -357,6 +373,7 @@ class _Lockstep:
         self.config = scheduler.config
         self.versions = versions
         bus.create_topic(self.config.rounds_topic, partitions=1, exist_ok=True)
+        bus.create_topic(self.config.samples_topic, exist_ok=True)
         self.rounds = bus.consumer([self.config.rounds_topic], group=None, start="earliest")
         self.producer: Producer = bus.producer()
 
@@ -365,35 +382,62 @@ class _Lockstep:
         self.rounds.close()
         self.producer.close()
 
-    def recover(self) -> None:
-        """After a restart: read what was announced and trained; announce the newest round with outcomes if no one
-        did (the scheduler stopped between its outcomes and its announcement)."""
+    def recover(self, poll_outcomes: Callable[[], None]) -> None:
+        """After a restart: read what was planned, announced and trained. A round planned (or with outcomes) but not
+        announced is finished first: its outcomes awaited (all its planned episodes), then announced, so a crash
+        anywhere in a round loses nothing and never announces a round still running."""
         _replay(self.bus, self.rounds, self.config.rounds_topic, self.scheduler, self.codec)
         _feed(self.versions.poll(timeout_s=0.0), self.scheduler, self.codec)
-        last = self.scheduler.last_outcome_round
-        if last is not None and last not in self.scheduler.announced:
-            log.warning("a round with outcomes was never announced; announcing it now", round=last)
-            self.scheduler.round_groups = sorted(self.scheduler.outcome_groups.get(last, ()))
-            self.announce(last, 0)
+        scheduler = self.scheduler
+        started = set(scheduler.planned) | ({scheduler.last_outcome_round} - {None})
+        pending = sorted(r for r in started if r is not None and r not in scheduler.announced)
+        for round_index in pending:
+            known = sorted(scheduler.outcome_groups.get(round_index, ()))  # no plan read: what its outcomes name
+            episodes, groups = scheduler.planned.get(round_index, (0, known))
+            log.warning("a round was started but never announced; finishing it", round=round_index, episodes=episodes)
+
+            def ended(round_index: int = round_index, episodes: int = episodes) -> bool:
+                poll_outcomes()
+                return len(scheduler.outcome_episodes.get(round_index, ())) >= episodes
+
+            if not self._wait(ended, f"the outcomes of round {round_index}'s {episodes} episodes"):
+                return
+            scheduler.round = max(scheduler.round, round_index + 1)
+            scheduler.round_groups = groups
+            self.announce(round_index, episodes)
+
+    def plan(self, requests: list[EpisodeRequest]) -> None:
+        """Record the round about to be submitted (``complete: false``): what a restarted scheduler waits for."""
+        groups = sorted({request.group_id for request in requests})
+        self._send(self.scheduler.round, len(requests), groups, complete=False, ends=[])
 
     def announce(self, round_index: int, episodes: int) -> None:
-        """Wait until the pipeline has made the round's samples, then put its ``RolloutRound`` on the bus."""
+        """Wait until the pipeline has made the round's samples, then say so (``complete: true``) with where they
+        end on the samples topic."""
         started = time.monotonic()
-        self._wait(self.hooks.pipeline_caught_up, f"the pipeline to make round {round_index}'s samples")
+        if not self._wait(self.hooks.pipeline_caught_up, f"the pipeline to make round {round_index}'s samples"):
+            return  # stopped: an unannounced round is finished by the next start (recover)
+        info = self.bus.describe_topic(self.config.samples_topic)
+        ends = [info.end_offsets.get(partition, 0) for partition in range(info.partitions)]
+        self._send(round_index, episodes, list(self.scheduler.round_groups), complete=True, ends=ends)
+        self.scheduler.announced.add(round_index)
+        log.info("rollout round announced", round=round_index, episodes=episodes, samples_end=ends,
+                 waited_s=round(time.monotonic() - started, 2))  # fmt: skip
+
+    def _send(self, round_index: int, episodes: int, groups: list[str], *, complete: bool, ends: list[int]) -> None:
         record = {
             "run_id": self.config.run_id,
             "round": round_index,
             "episodes": episodes,
-            "group_ids": list(self.scheduler.round_groups),
-            "policy_version": self.scheduler.round_policy_version,
+            "group_ids": groups,
+            "policy_version": self.scheduler.policy_version,
+            "complete": complete,
+            "samples_topic": self.config.samples_topic,
+            "samples_end_offsets": ends,
             "created_at": now_ms(),
         }
-        self.producer.produce(self.config.rounds_topic, self.codec.encode("RolloutRound", record),
-                              key=self.config.run_id.encode())  # fmt: skip
-        self.producer.flush()
-        self.scheduler.announced.add(round_index)
-        log.info("rollout round announced", round=round_index, episodes=episodes,
-                 waited_s=round(time.monotonic() - started, 2))  # fmt: skip
+        self.producer.send(self.config.rounds_topic, self.codec.encode("RolloutRound", record),
+                           key=self.config.run_id.encode())  # fmt: skip
 
     def await_trained(self, round_index: int) -> None:
         """Wait for a version trained on ``round_index`` and for the engine to serve it (nothing before round 0)."""
@@ -405,23 +449,26 @@ class _Lockstep:
             _feed(self.versions.poll(timeout_s=self.POLL_S), self.scheduler, self.codec)
             return self.scheduler.trained(round_index)
 
-        self._wait(trained, f"a policy version trained on round {round_index}")
+        if not self._wait(trained, f"a policy version trained on round {round_index}"):
+            return
         version = self.scheduler.trained_round_version
         serves = self.hooks.engine_serves
         if serves is not None and version is not None:
-            self._wait(lambda: serves(version), f"the engine to serve policy version {version}")
-        self.scheduler.round_policy_version = self.scheduler.policy_version
+            if not self._wait(lambda: serves(version), f"the engine to serve policy version {version}"):
+                return
         log.info("round trained", round=round_index, policy_version=version,
                  waited_s=round(time.monotonic() - started, 2))  # fmt: skip
 
-    def _wait(self, condition: Callable[[], bool], what: str) -> None:
+    def _wait(self, condition: Callable[[], bool], what: str) -> bool:
+        """Wait for ``condition``; False if stopped first; ``LockstepTimeout`` after ``round_timeout_s``."""
         deadline = time.monotonic() + self.config.round_timeout_s
         while not condition():
             if self.stop is not None and self.stop.is_set():
-                return
+                return False
             if time.monotonic() > deadline:
                 raise LockstepTimeout(f"lockstep: waited {self.config.round_timeout_s:g} s for {what}")
             time.sleep(self.POLL_S)
+        return True
 
 
 def _await_new_policy(

@@ -65,9 +65,12 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_each_lockstep_round_is_served_by_the_version_trained_on_the_round_before(finished_run: Path) -> None:
     versions = [v for v in run_records(finished_run, POLICY_VERSIONS, RUN_ID) if v["model"] == "policy"]
     assert [(v["version"], v["metrics"].get("rollout_round")) for v in versions] == [(1, None), (2, 0.0), (3, 1.0)]
-    rounds = run_records(finished_run, ROLLOUT_ROUNDS, RUN_ID)
-    assert [(r["round"], r["episodes"], len(r["group_ids"])) for r in rounds] == [(0, 8, 2), (1, 8, 2)]
-    assert [r["policy_version"] for r in rounds] == [1, 2]
+    rounds = run_records(finished_run, ROLLOUT_ROUNDS, RUN_ID)  # each planned, then announced complete
+    assert [(r["round"], r["complete"], r["episodes"], len(r["group_ids"])) for r in rounds] == [
+        (0, False, 8, 2), (0, True, 8, 2), (1, False, 8, 2), (1, True, 8, 2)
+    ]  # fmt: skip
+    assert [r["policy_version"] for r in rounds if r["complete"]] == [1, 2]
+    assert [len(r["samples_end_offsets"]) for r in rounds] == [0, 4, 0, 4]  # the samples topic's 4 partitions
 
     rl_episodes = {o["episode_id"]: int(o["group_id"][1:7]) for o in run_records(finished_run, OUTCOMES, RUN_ID)
                    if re.match(r"^r\d{6}-", o["group_id"])}  # fmt: skip

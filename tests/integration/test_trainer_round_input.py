@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from orchard.bus import open_bus
@@ -75,10 +76,14 @@ def _round_samples(round_index: int) -> list[dict[str, Any]]:
 
 
 def _announce(bus_path: Path, round_index: int) -> None:
-    record = {"run_id": "r1", "round": round_index, "episodes": PER_ROUND, "group_ids": [], "policy_version": None,
-              "created_at": now_ms()}  # fmt: skip
+    """What a lockstep rollout says once the round's samples are all on the topic: where they end, now."""
     with open_bus(EmbeddedBusConfig(path=bus_path)) as bus, bus.producer() as producer:
         bus.create_topic(ROLLOUT_ROUNDS, 1, exist_ok=True)
+        bus.create_topic("samples", 1, exist_ok=True)
+        ends = bus.describe_topic("samples").end_offsets
+        record = {"run_id": "r1", "round": round_index, "episodes": PER_ROUND, "group_ids": [],
+                  "policy_version": None, "complete": True, "samples_topic": "samples",
+                  "samples_end_offsets": [ends[p] for p in sorted(ends)], "created_at": now_ms()}  # fmt: skip
         producer.send(ROLLOUT_ROUNDS, Codec.default().encode("RolloutRound", record), key=b"r1")
 
 
@@ -88,6 +93,10 @@ def _versions(bus_path: Path) -> list[dict[str, Any]]:
         with bus.consumer([POLICY_VERSIONS], group=None, start="earliest") as consumer:
             records = consumer.poll(max_records=100, timeout_s=0.5)
     return [Codec.default().decode(r.value).record for r in records]
+
+
+def _tags(bus_path: Path) -> list[int]:
+    return [int(v["metrics"]["rollout_round"]) for v in _versions(bus_path) if "rollout_round" in v["metrics"]]
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -106,9 +115,12 @@ def _weights(root: Path) -> dict[str, torch.Tensor]:
     return checkpoint.tensors["model"]
 
 
-def _run_rounds(root: Path, rounds: list[list[dict[str, Any]]], *, shuffle: bool) -> RecordingTrainer:
-    """Deliver each round's samples (shuffled, in two parts, if asked), announce it, wait for its version."""
-    trainer = RecordingTrainer(_config(root), _orchard(root))
+def _run_rounds(
+    root: Path, rounds: list[list[dict[str, Any]]], *, shuffle: bool, first: int = 0, **settings: Any
+) -> RecordingTrainer:
+    """Deliver each round's samples (shuffled, in two parts, if asked), announce it (as round ``first`` + its
+    index), wait for its version; then drain the trainer."""
+    trainer = RecordingTrainer(_config(root, **settings), _orchard(root))
     runner = threading.Thread(target=trainer.run, daemon=True)
     runner.start()
     order = np.random.default_rng(5)
@@ -118,8 +130,8 @@ def _run_rounds(root: Path, rounds: list[list[dict[str, Any]]], *, shuffle: bool
         for part in parts:
             with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
                 produce_samples(bus, "samples", part)
-        _announce(root / "bus", index)
-        _wait(lambda: len(_versions(root / "bus")) > index, 120, f"round {index}'s version")  # noqa: B023
+        _announce(root / "bus", first + index)
+        _wait(lambda: _tags(root / "bus")[-1:] == [first + index], 120, f"round {first + index}'s version")  # noqa: B023
     trainer.request_drain()
     runner.join(timeout=120)
     assert not runner.is_alive()
@@ -142,24 +154,38 @@ def test_rounds_in_two_bus_orders_give_the_same_steps_and_weights_and_one_tagged
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def test_a_restarted_trainer_skips_the_rounds_it_trained_and_trains_the_next(tmp_path: Path) -> None:
-    _run_rounds(tmp_path / "once", [_round_samples(0), _round_samples(1)], shuffle=False)
+def test_a_restarted_trainer_skips_the_rounds_it_trained_even_an_empty_last_one_and_trains_the_next(
+    tmp_path: Path,
+) -> None:
+    """Round 1 gave nothing to train (no step): its checkpoint must still say so, or a restart would train round 2's
+    samples as round 1's and publish a version number twice."""
+    _run_rounds(tmp_path / "once", [_round_samples(0), [], _round_samples(2)], shuffle=False)
     root = tmp_path / "twice"
-    _run_rounds(root, [_round_samples(0)], shuffle=False)
-    again = RecordingTrainer(_config(root), _orchard(root))
-    runner = threading.Thread(target=again.run, daemon=True)
-    runner.start()
-    with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
-        produce_samples(bus, "samples", _round_samples(1))
-    _announce(root / "bus", 1)
-    _wait(lambda: len(_versions(root / "bus")) == 2, 120, "round 1's version")
-    again.request_drain()
-    runner.join(timeout=120)
+    _run_rounds(root, [_round_samples(0), []], shuffle=False)
+    again = _run_rounds(root, [_round_samples(2)], shuffle=False, first=2)
 
-    assert len(again.batches) == 3  # round 1's steps only: round 0's record was read again and skipped
-    assert [v["metrics"]["rollout_round"] for v in _versions(root / "bus")] == [0.0, 1.0]
+    assert len(again.batches) == 3  # round 2's steps only: rounds 0 and 1 were read again and skipped
+    for bus in (tmp_path / "once" / "bus", root / "bus"):
+        assert [(v["version"], v["metrics"]["rollout_round"]) for v in _versions(bus)] == [(1, 0.0), (2, 1.0), (3, 2.0)]
     once, twice = _weights(tmp_path / "once"), _weights(root)
     assert all(torch.equal(once[name], twice[name]) for name in once)
+
+
+@pytest.mark.parametrize("max_steps", [2, 3])
+def test_max_steps_is_looked_at_between_rounds_the_round_that_reaches_it_is_trained_whole_and_tagged(
+    tmp_path: Path, max_steps: int
+) -> None:
+    trainer = RecordingTrainer(_config(tmp_path, max_steps=max_steps), _orchard(tmp_path))
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        produce_samples(bus, "samples", _round_samples(0))
+    _announce(tmp_path / "bus", 0)
+    summary = trainer.run()  # returns by itself: max_steps reached at the round's end
+
+    assert (summary.steps, len(trainer.batches)) == (3, 3)
+    assert [(v["version"], v["metrics"].get("rollout_round")) for v in _versions(tmp_path / "bus")] == [(1, 0.0)]
+    with open_store(LocalStoreConfig(path=tmp_path / "store")) as store:
+        checkpoint = CheckpointStore(store, "r1", "policy", tmp_path / "scratch").load_latest()
+    assert checkpoint is not None and (checkpoint.state.round, checkpoint.state.offsets) == (0, {"samples": {0: 10}})
 
 
 def test_a_sample_that_comes_after_its_round_was_announced_is_trained_with_the_next_round(tmp_path: Path) -> None:

@@ -139,6 +139,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "episodes": 64,
         "group_ids": ["r000012-sympy__sympy-20590", "r000012-sympy__sympy-21612"],
         "policy_version": 41,
+        "complete": True,
+        "samples_topic": "samples",
+        "samples_end_offsets": [5120, 4980],
         "created_at": T0,
     },
     "SandboxEvent": {

@@ -291,6 +291,10 @@ def _lockstep_run(
                 while not stop.is_set():
                     for record in rounds.poll(timeout_s=0.1):
                         announced = codec.decode(record.value).record
+                        if not announced["complete"]:
+                            with lock:
+                                events.append(f"planned {announced['round']}")
+                            continue
                         with lock:
                             events.append(f"announced {announced['round']} ({announced['episodes']} episodes)")
                         trained = {"rollout_round": float(announced["round"])}
@@ -332,7 +336,9 @@ def test_a_lockstep_round_starts_only_after_the_version_trained_on_the_round_bef
     settings = config(rounds=3, lockstep=True, round_timeout_s=20.0)
     events, scheduler = _lockstep_run(tmp_path, settings, caught_up=[True])
 
-    assert events == [
+    planned = [event for event in events if event.startswith("planned")]
+    assert planned == ["planned 0", "planned 1", "planned 2"]
+    assert [event for event in events if not event.startswith("planned")] == [
         "submit r000000", "announced 0 (8 episodes)", "version 1",
         "submit r000001", "announced 1 (8 episodes)", "version 2",
         "submit r000002", "announced 2 (8 episodes)", "version 3",
@@ -359,21 +365,70 @@ def test_a_lockstep_rollout_without_a_trainer_fails_after_the_round_timeout_inst
         _lockstep_run(tmp_path, settings, caught_up=[True], train=False)
 
 
-def test_a_restarted_lockstep_scheduler_announces_a_round_it_had_finished_but_not_announced(tmp_path: Path) -> None:
+def _finished_outcome(request: EpisodeRequest) -> dict[str, object]:
+    return {**outcome(request, True), "reward": 1.0, "num_model_calls": 1, "started_at": 1, "ended_at": 1}
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_restarted_lockstep_scheduler_finishes_a_round_it_had_started_but_not_announced(
+    tmp_path: Path, planned: bool
+) -> None:
+    """The scheduler died in round 0 with 5 of its 8 outcomes in. With its plan on the bus the restart waits for the
+    other 3 (here they come 1 s later), then announces it; without one (a scheduler from before plans), it
+    announces what came. Then it goes on with round 1."""
     from orchard.bus import open_bus
     from orchard.config import EmbeddedBusConfig
 
     settings = config(rounds=1, lockstep=True, round_timeout_s=20.0)
     codec = Codec.default()
+    requests = RolloutScheduler(settings, [].append).submit_round()
     with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus, bus.producer() as producer:
         bus.create_topic(settings.topic, exist_ok=True)
-        for request in RolloutScheduler(settings, [].append).submit_round():  # round 0 ran; the scheduler died
-            record = {**outcome(request, True), "reward": 1.0, "num_model_calls": 1, "started_at": 1, "ended_at": 1}
-            producer.send(settings.topic, codec.encode("EpisodeOutcome", record), key=request.episode_id.encode())
+        bus.create_topic(settings.rounds_topic, partitions=1, exist_ok=True)
+        if planned:
+            plan = {"run_id": "run-1", "round": 0, "episodes": 8, "group_ids": sorted({r.group_id for r in requests}),
+                    "policy_version": None, "complete": False, "created_at": 0}  # fmt: skip
+            producer.send(settings.rounds_topic, codec.encode("RolloutRound", plan), key=b"run-1")
+        for request in requests[:5]:
+            producer.send(settings.topic, codec.encode("EpisodeOutcome", _finished_outcome(request)), key=b"e")
+
+    straggled: list[int] = []
+
+    def stragglers() -> None:
+        time.sleep(1.0)
+        with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus, bus.producer() as producer:
+            for request in requests[5:]:
+                producer.send(settings.topic, codec.encode("EpisodeOutcome", _finished_outcome(request)), key=b"e")
+        straggled.append(int(time.time() * 1000))
+
+    late = threading.Thread(target=stragglers, daemon=True)
+    late.start()
+    events, scheduler = _lockstep_run(tmp_path, settings, caught_up=[True])
+    late.join()
+
+    announced = [event for event in events if event.startswith("announced")]
+    assert announced == (["announced 0 (8 episodes)", "announced 1 (8 episodes)"] if planned
+                         else ["announced 0 (0 episodes)", "announced 1 (8 episodes)"])  # fmt: skip
+    assert scheduler.announced == {0, 1} and scheduler.trained_round == 1
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus:
+        with bus.consumer([settings.rounds_topic], group=None, start="earliest") as reader:
+            records = [codec.decode(r.value).record for r in reader.poll(max_records=50, timeout_s=1.0)]
+    [first] = [r for r in records if r["round"] == 0 and r["complete"]]
+    announced_ms = int(first["created_at"].timestamp() * 1000)
+    assert (announced_ms >= straggled[0]) == planned  # with a plan it waited for the stragglers
+
+
+def test_a_lockstep_rollout_that_runs_out_of_tasks_waits_for_its_last_announced_round_only(tmp_path: Path) -> None:
+    settings = config(
+        rounds=5,
+        lockstep=True,
+        round_timeout_s=5.0,
+        rollout=BalancedRolloutConfig(budget=2, min_rollouts=2, max_rollouts=2, max_task_outcomes=2),
+    )
     events, scheduler = _lockstep_run(tmp_path, settings, caught_up=[True])
 
-    assert events[:4] == ["announced 0 (0 episodes)", "version 1", "submit r000001", "announced 1 (8 episodes)"]
-    assert scheduler.announced == {0, 1}
+    assert (scheduler.rounds_submitted, scheduler.out_of_tasks, scheduler.announced) == (2, True, {0, 1})
+    assert scheduler.round == 2 and scheduler.trained_round == 1
 
 
 def test_lockstep_needs_its_hooks(tmp_path: Path) -> None:
