@@ -28,8 +28,11 @@ def served_version(engine: str, client: httpx.Client) -> int | None:
         return None
     if response.status_code != 200:
         return None
-    version = response.json().get("policy_version")
-    return int(version) if version is not None else None
+    try:
+        version = response.json().get("policy_version")
+        return int(version) if version is not None else None
+    except (ValueError, AttributeError, TypeError):  # not an Orchard engine's health answer: not serving one
+        return None
 
 
 def wait_until_served(
