@@ -72,6 +72,13 @@ class LossConfig(_Strict):
         "failed): with kl_coef 0 they carry no gradient, so they only dilute the step's token normalizer and cost a "
         "forward and backward pass (DAPO's dynamic sampling). Ignored when kl_coef > 0.",
     )
+    behaviour_logprobs: Literal["sampled", "trainer"] = Field(
+        "sampled",
+        description="The 'old' logprobs of the clipped ratio. sampled: what the engine reported with each token; "
+        "trainer (input: rounds only): the trainer's own, computed once per round with the weights it holds at the "
+        "round's start, which are the version every sample of the round was sampled from. They do not depend on "
+        "how the engine batched its requests, so the same tokens give bitwise the same update.",
+    )
 
 
 class StalenessConfig(_Strict):
@@ -261,6 +268,7 @@ class PolicyTrainerConfig(_Strict):
     def _check_combinations(self) -> PolicyTrainerConfig:
         if isinstance(self.backend, DeepSpeedBackendConfig) and self.compile:
             raise ValueError("compile: torch.compile is configured through backend.config with the deepspeed backend")
+        self._check_trainer_logprobs()
         if self.input == "complete":
             self._check_complete_input()
         elif self.input == "rounds":
@@ -273,6 +281,13 @@ class PolicyTrainerConfig(_Strict):
         elif self.input_end is not None:
             raise ValueError("input_end: only input: complete reads up to an end")
         return self
+
+    def _check_trainer_logprobs(self) -> None:
+        if self.loss.behaviour_logprobs == "trainer" and self.input != "rounds":
+            raise ValueError(
+                "loss.behaviour_logprobs: trainer needs input: rounds (only a lockstep round's samples all come from "
+                "the weights the trainer holds when it starts them)"
+            )
 
     def _check_round_input(self) -> None:
         unused = sorted({"idle_flush_s", "idle_exit_s", "publish_every", "checkpoint_every", "input_end", "order"}

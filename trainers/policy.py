@@ -40,7 +40,7 @@ from orchard.store import ArtifactStore, open_store
 from orchard.topics import DEAD_LETTERS, POLICY_VERSIONS, TOPICS_BY_NAME
 from trainers.backends.base import TrainingBackend
 from trainers.backends.factory import open_backend
-from trainers.batching import PackedBatch, pack_step
+from trainers.batching import PackedBatch, Sample, pack_step
 from trainers.checkpoint import CheckpointStore, Offsets, TrainerState, capture_rng, restore_rng
 from trainers.config import PolicyTrainerConfig
 from trainers.intake import SampleIntake
@@ -167,6 +167,9 @@ class PolicyTrainer:
                     if self.step > self._last_published_step:
                         self._publish(producer)
                     continue
+                if step.relabel:  # a lockstep round's samples: the ratio's old logprobs become the trainer's own
+                    self.source.relabel(self._own_logprobs(step.samples))
+                    continue
                 if step.round_end is not None:  # a lockstep round trained: its version, even if nothing changed
                     self.source.settle(step, consumer)
                     self._publish(producer, {"rollout_round": float(step.round_end)})
@@ -277,6 +280,20 @@ class PolicyTrainer:
         seconds = time.perf_counter() - start
         self._last_step_end = time.perf_counter()
         self._record(step, batches, outputs, grad_norm, seconds)
+
+    def _own_logprobs(self, samples: list[Sample]) -> dict[str, np.ndarray]:
+        """Each sample's logprobs under the weights held now, one forward per sample, 0 where its loss mask is 0 (as
+        a sample's behaviour logprobs are): per token ``j``, ``log p(token_j | tokens before j)``."""
+        own = {}
+        with torch.no_grad():
+            for sample in samples:
+                tokens = torch.from_numpy(sample.token_ids.astype(np.int64)).to(self.device).unsqueeze(0)
+                positions = torch.arange(tokens.shape[1], device=self.device).unsqueeze(0)
+                logprobs = token_logprobs(self.backend.forward(tokens[:, :-1], positions[:, :-1]), tokens[:, 1:])
+                values = np.zeros(sample.num_tokens, dtype=np.float32)
+                values[1:] = logprobs[0].float().cpu().numpy()
+                own[sample.sample_id] = values * sample.loss_mask.astype(np.float32)
+        return own
 
     def _micro_batch(self, batch: PackedBatch, normalizer: float) -> LossOutput:
         """Forward one packed row, its loss (with the KL to the reference, if any), and backward."""

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
 
 from orchard.bus import Consumer, TopicPartition
 from orchard.bus.dead_letter import DeadLetterRouter
@@ -74,6 +77,9 @@ class RoundSource(SampleSource):
                     continue
                 round_index = min(pending)
                 ends = self._read_round(consumer, router, intake, round_index, pending.pop(round_index))
+                if self.config.loss.behaviour_logprobs == "trainer" and self._queue:
+                    samples = [queued.sample for queued in self._queue if queued.sample is not None]
+                    yield Step(consumed=[], samples=samples, lags=LagStats(), relabel=True)
                 while self._queue and (step := self._form_step(full_only=False)) is not None:  # whole, max_steps or not
                     yield step
                 self._round_ends = ends
@@ -89,6 +95,14 @@ class RoundSource(SampleSource):
             mine = self.consumed.setdefault(tp.topic, {})
             mine[tp.partition] = max(mine.get(tp.partition, 0), end)
         self.round_trained = step.round_end
+
+    def relabel(self, behaviour: dict[str, np.ndarray]) -> None:
+        """Replace the queued samples' behaviour logprobs with the trainer's own (by sample id)."""
+        self._queue = deque(
+            Queued(q.tp, q.offset, replace(q.sample, behaviour_logprobs=behaviour[q.sample.sample_id]))
+            if q.sample is not None and q.sample.sample_id in behaviour else q
+            for q in self._queue
+        )  # fmt: skip
 
     def resume(self, state: TrainerState, consumer: Consumer) -> None:
         """The checkpoint's offsets, and its newest round trained."""

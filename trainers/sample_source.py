@@ -75,6 +75,9 @@ class Step:
     lags: LagStats
     idle: bool = False
     round_end: int | None = None
+    relabel: bool = False
+    """No step either: ``samples`` are a lockstep round's, whose behaviour logprobs the trainer recomputes
+    (``loss.behaviour_logprobs: trainer``) and hands back through the source's ``relabel``."""
 
 
 class SampleSource(ABC):

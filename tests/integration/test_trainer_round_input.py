@@ -208,3 +208,29 @@ def test_a_sample_that_comes_after_its_round_was_announced_is_trained_with_the_n
     trained = [sample for batch in trainer.batches for sample in batch]
     assert len(trained) == 2 * PER_ROUND and len(set(trained)) == 2 * PER_ROUND
     assert late["sample_id"] in [sample for batch in trainer.batches[3:] for sample in batch]
+
+
+@pytest.mark.parametrize("behaviour", ["sampled", "trainer"])
+def test_with_the_trainers_own_logprobs_engine_rounding_in_the_samples_changes_no_weight(
+    tmp_path: Path, behaviour: str
+) -> None:
+    """Two engines that batched their requests differently report the same tokens with logprobs a few 1e-6 apart (two
+    file-lookup runs did). With ``behaviour_logprobs: trainer`` the ratio's old logprobs are the trainer's own, so
+    the weights come out bitwise the same; with the sampled ones they do not."""
+    from orchard.tokens import pack_logprobs, unpack_logprobs
+
+    def nudged(records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+        rng = np.random.default_rng(seed)
+        out = []
+        for record in records:
+            values = unpack_logprobs(record["behaviour_logprobs"])
+            noise = (rng.normal(0.0, 3e-6, size=values.shape) * (values != 0)).astype(np.float32)
+            out.append({**record, "behaviour_logprobs": pack_logprobs(values + noise)})
+        return out
+
+    rounds = [_round_samples(0), _round_samples(1)]
+    settings = {"loss": {"kind": "rl", "behaviour_logprobs": behaviour}}
+    for name, seed in (("a", 1), ("b", 2)):
+        _run_rounds(tmp_path / name, [nudged(records, seed) for records in rounds], shuffle=False, **settings)
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert all(torch.equal(a[name], b[name]) for name in a) == (behaviour == "trainer")
