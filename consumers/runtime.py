@@ -2,7 +2,10 @@
 
 Every loop has the same shape: poll (at most ``max_poll_records``, waiting at most a second), decode each record,
 ``process`` it, ``punctuate``, then commit **one** transaction holding the outputs, the state-store changes
-(``consumers.state``) and the input offsets. A crash anywhere leaves either all of a batch or none of it.
+(``consumers.state``) and the input offsets. A crash anywhere leaves either all of a batch or none of it. A batch is
+one poll or several: while polls come back full (``max_poll_records``: more records are waiting) the transaction
+stays open for the next one, until it is ``transaction_interval_s`` old or holds ``transaction_max_records``
+records; a poll that comes back short, or a stop, commits it at once.
 
 - A record that cannot be decoded, carries the wrong schema for its topic, or that the processor rejects
   (``RecordRejected``, or any other exception) goes to the dead-letter topic with the reason, inside the same
@@ -81,6 +84,35 @@ class RuntimeStats:
     restores: int = 0
     aborted_batches: int = 0
     by_topic: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _OpenTransaction:
+    """The input records processed since the last commit, and when the first poll of them came back."""
+
+    records: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, records: int) -> None:
+        if not self.records:
+            self.started = time.monotonic()
+        self.records += records
+
+    def due(self, config: RuntimeConfig) -> bool:
+        """Whether the transaction is old or large enough to commit (``transaction_interval_s``, ``..._records``)."""
+        return self.records >= config.transaction_max_records or self._left_s(config) <= 0
+
+    def poll_timeout_s(self, config: RuntimeConfig) -> float:
+        """How long the next poll may wait: no longer than until an open transaction is due."""
+        return min(config.poll_timeout_s, self._left_s(config)) if self.records else config.poll_timeout_s
+
+    def _left_s(self, config: RuntimeConfig) -> float:
+        return max(0.0, self.started + config.transaction_interval_s - time.monotonic())
+
+
+def _rewound(before: Mapping[TopicPartition, int], after: Mapping[TopicPartition, int]) -> bool:
+    """Whether a partition's position went back (or it was lost) between two reads: a rebalance within a poll."""
+    return any(after.get(tp, -1) < offset for tp, offset in before.items())
 
 
 class DriverCore:
@@ -518,14 +550,19 @@ class ConsumerRuntime:
         )  # fmt: skip
         restored_for: set[TopicPartition] | None = None
         next_progress = time.monotonic() + self.config.progress_interval_s
+        open_txn = _OpenTransaction()
         try:
             while not self._stop:
+                before = consumer.position() if open_txn.records else {}
                 try:
-                    batch = consumer.poll(self.config.max_poll_records, self.config.poll_timeout_s)
+                    batch = consumer.poll(self.config.max_poll_records, open_txn.poll_timeout_s(self.config))
                 except MemberFencedError as exc:
                     self._note_fenced(exc)
                     return idle_since, False
                 assignment = set(consumer.assignment())
+                if open_txn.records and (assignment != restored_for or _rewound(before, consumer.position())):
+                    self._drop_open(open_txn)
+                    return idle_since, False
                 if assignment != restored_for:
                     if not self._await_committed(consumer, assignment):
                         return idle_since, False  # stopped while waiting
@@ -540,8 +577,12 @@ class ConsumerRuntime:
                 elif caught_up:
                     self._now = max(self._now, self.clock())
                 driver.punctuate(self._now)
-                if not self._commit(producer, consumer, driver, state, bool(batch)):
+                open_txn.add(len(batch))
+                if len(batch) == self.config.max_poll_records and not self._stop and not open_txn.due(self.config):
+                    continue  # the next poll goes into the same transaction
+                if not self._commit(producer, consumer, driver, state, open_txn.records > 0):
                     return idle_since, False
+                open_txn = _OpenTransaction()
                 if batch:
                     idle_since = time.monotonic()
                 elif (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s
@@ -550,10 +591,21 @@ class ConsumerRuntime:
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + self.config.progress_interval_s
                     self.log.info("progress", state_keys=len(state._committed), **self._progress_fields())
+            if open_txn.records and not self._commit(producer, consumer, driver, state, True):
+                return idle_since, False  # stopped between a poll and its commit: commit what it processed
         finally:
             consumer.close()
             producer.close()
         return idle_since, False
+
+    def _drop_open(self, open_txn: _OpenTransaction) -> None:
+        """Partitions moved while a transaction held processed records: drop them (never committed) and start a
+        fresh session, which restores state and reads on from the committed offsets. Kafka may revoke and give
+        back a partition within one poll, rewinding it to its committed offset: processing on would handle its
+        records twice in one transaction."""
+        self.stats.aborted_batches += 1
+        self.log.warning("partitions were reassigned while a transaction was open; its records are processed "
+                         "again from the committed offsets", records=open_txn.records)  # fmt: skip
 
     def _note_fenced(self, exc: MemberFencedError) -> None:
         """A member that fenced itself starts a fresh session (state restored, from the committed offsets):

@@ -39,7 +39,9 @@ ORCHARD = Path(sys.executable).parent / "orchard"
 
 
 def cli_env(bus_config: BusConfig) -> dict[str, str]:
-    env = {**os.environ, "ORCHARD_LOG_FORMAT": "json", "ORCHARD_CONSUMERS__RUNTIME__MAX_POLL_RECORDS": "7"}
+    # small batches, one poll per transaction: many commits to be killed between
+    env = {**os.environ, "ORCHARD_LOG_FORMAT": "json", "ORCHARD_CONSUMERS__RUNTIME__MAX_POLL_RECORDS": "7",
+           "ORCHARD_CONSUMERS__RUNTIME__TRANSACTION_INTERVAL_S": "0"}  # fmt: skip
     if isinstance(bus_config, EmbeddedBusConfig):
         env |= {"ORCHARD_BUS__TYPE": "embedded", "ORCHARD_BUS__PATH": str(bus_config.path),
                 "ORCHARD_BUS__SESSION_TIMEOUT_MS": str(bus_config.session_timeout_ms)}  # fmt: skip
@@ -74,8 +76,14 @@ def events(log: Path, name: str) -> list[dict]:
     return [e for e in lines if e.get("event") == name]
 
 
+# transactions of 50 polls each (the interval never ends them first): a kill lands inside one most of the time
+MULTI_POLL = {"ORCHARD_CONSUMERS__RUNTIME__TRANSACTION_INTERVAL_S": "10",
+              "ORCHARD_CONSUMERS__RUNTIME__TRANSACTION_MAX_RECORDS": "350"}  # fmt: skip
+
+
+@pytest.mark.parametrize("transactions", [{}, MULTI_POLL], ids=["poll-per-transaction", "polls-per-transaction"])
 def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
-    bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str], tmp_path: Path
+    bus: Bus, bus_config: BusConfig, unique_name: Callable[[str], str], tmp_path: Path, transactions: dict[str, str]
 ) -> None:
     namespace = unique_name("crash")
     episodes = [synthetic_episode(f"c-{i}", calls=30, seed=i, first_prompt_tokens=300) for i in range(100)]
@@ -84,7 +92,7 @@ def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
     kafka = isinstance(bus_config, KafkaBusConfig)
 
     for attempt, fraction in enumerate((0.2, 0.5)):
-        process = start(bus_config, namespace, tmp_path / f"run-{attempt}.log")
+        process = start(bus_config, namespace, tmp_path / f"run-{attempt}.log", env=transactions)
         deadline = time.monotonic() + 120
         while emitted(bus, trajectories) < fraction * len(episodes) and process.poll() is None:
             assert time.monotonic() < deadline, "the assembler made no progress"
@@ -94,7 +102,7 @@ def test_killed_mid_stream_the_assembler_loses_and_doubles_nothing(
         assert process.returncode == -signal.SIGKILL, "the assembler finished before it could be killed"
 
     final = tmp_path / "final.log"
-    process = start(bus_config, namespace, final, idle_exit=8.0 if kafka else 3.0)
+    process = start(bus_config, namespace, final, idle_exit=8.0 if kafka else 3.0, env=transactions)
     assert process.wait(timeout=240) == 0, final.read_text()[-3000:]
 
     records = [CODEC.decode(r.value).record for r in read_topic(bus, trajectories, poll_timeout_s=0.3)]
@@ -310,7 +318,7 @@ def test_a_partition_handed_over_mid_transaction_restores_what_its_old_owner_the
     try:
         episodes = [synthetic_episode(f"m-{i}", calls=3, seed=i, first_prompt_tokens=50) for i in range(24)]
         _published(bus_a, namespace, episodes)
-        small = RuntimeConfig(poll_timeout_s=0.2, max_poll_records=5)
+        small = RuntimeConfig(poll_timeout_s=0.2, max_poll_records=5, transaction_interval_s=0)  # commits mid-stream
         a = ConsumerRuntime(bus_a, TrajectoryAssembler(), namespace=namespace, instance_id="a", config=small)
         b = ConsumerRuntime(bus_b, TrajectoryAssembler(), namespace=namespace, instance_id="b", config=small)
         a_thread = threading.Thread(target=a.run, daemon=True)

@@ -23,7 +23,8 @@ CODEC = Codec.default()
 CONFIG = SampleBuilderConfig(
     kinds=["RL", "SFT"], group_size=4, scorers={"prm": 0.5}, score_wait_ms=60_000, score_settle_ms=500
 )
-RUNTIME = RuntimeConfig(max_poll_records=7, poll_timeout_s=0.2)  # small batches: many transactions
+# small batches, one poll per transaction: many transactions
+RUNTIME = RuntimeConfig(max_poll_records=7, poll_timeout_s=0.2, transaction_interval_s=0)
 
 
 def _episodes() -> list[SyntheticEpisode]:
