@@ -28,7 +28,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -136,6 +136,14 @@ class PrefixDeltaEncoder:
             self._conversations.pop(forgotten, None)
 
 
+class ReadCall(NamedTuple):
+    """What ``PromptReconstructor.read_model_call`` read from one ModelCall record."""
+
+    prompt: TokenArray  # the full prompt, read-only
+    completion: TokenArray  # the completion's token ids, a read-only view of the record
+    tool_calls: Any  # the response's tool calls, parsed from their JSON
+
+
 class PromptReconstructor:
     """Consumer side, one per episode: rebuilds exact prompts from prefix deltas.
 
@@ -177,6 +185,11 @@ class PromptReconstructor:
 
     def add_model_call(self, record: Mapping[str, Any]) -> TokenArray:
         """``add`` from a decoded ModelCall record (packed token fields), rebuilding its messages too."""
+        return self.read_model_call(record).prompt
+
+    def read_model_call(self, record: Mapping[str, Any]) -> ReadCall:
+        """``add_model_call``, also handing back the completion and tool calls it read on the way (a consumer that
+        builds steps need not unpack and parse them a second time)."""
         call_index, base = record["call_index"], record["prompt_base_call_index"]
         count = record.get("request_messages_prefix_count", 0)
         if count and (base is None or base not in self._conversation_lengths):
@@ -184,21 +197,17 @@ class PromptReconstructor:
         available = min(count, self._conversation_lengths[base]) if count else 0
         if available != count:
             raise PrefixDeltaError(f"call {call_index}: base call {base} has only {available} messages, not {count}")
-        prompt = self.add(
-            call_index,
-            base,
-            record["prompt_prefix_length"],
-            unpack_token_ids(record["prompt_token_ids"]),
-            unpack_token_ids(record["completion_token_ids"]),
-        )
+        completion = unpack_token_ids(record["completion_token_ids"])
+        prompt = self.add(call_index, base, record["prompt_prefix_length"],
+                          unpack_token_ids(record["prompt_token_ids"]), completion)  # fmt: skip
         new_messages = [*json.loads(record["request_messages_json"])]
-        reply = assistant_message(record["response_text"], json.loads(record["response_tool_calls_json"]))
+        tool_calls = json.loads(record["response_tool_calls_json"])
         if self.keeps_messages:
             messages = [*(self._conversations[base][:count] if count else []), *new_messages]
             self._messages[call_index] = messages
-            self._conversations[call_index] = [*messages, reply]
+            self._conversations[call_index] = [*messages, assistant_message(record["response_text"], tool_calls)]
         self._conversation_lengths[call_index] = count + len(new_messages) + 1
-        return prompt
+        return ReadCall(prompt, completion, tool_calls)
 
     def messages(self, call_index: int) -> list[Any]:
         """The full request messages of call ``call_index`` (added through ``add_model_call``)."""

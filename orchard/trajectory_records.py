@@ -7,7 +7,6 @@ in-memory ``orchard.trajectory.Trajectory`` every downstream consumer works with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -15,7 +14,7 @@ from typing import Any
 
 from orchard.codec import Codec
 from orchard.prefix_delta import PromptReconstructor
-from orchard.tokens import unpack_logprobs, unpack_token_ids
+from orchard.tokens import unpack_logprobs
 from orchard.trajectory import Step, Trajectory, trajectory_from_records
 
 
@@ -107,18 +106,18 @@ def token_steps(records: Iterable[Mapping[str, Any]]) -> tuple[Step, ...]:
     reconstructor = PromptReconstructor(messages=False)
     steps = []
     for record in sorted(records, key=lambda r: r["call_index"]):
-        prompt = reconstructor.add_model_call(record)
+        prompt, completion, tool_calls = reconstructor.read_model_call(record)
         steps.append(
             Step(
                 call_index=record["call_index"],
                 conversation_id=record.get("conversation_id", 0),
                 policy_version=record["policy_version"],
                 prompt_token_ids=prompt,
-                completion_token_ids=unpack_token_ids(record["completion_token_ids"]),
+                completion_token_ids=completion,
                 completion_logprobs=unpack_logprobs(record["completion_logprobs"]),
                 request_messages=[],
                 response_text=record["response_text"],
-                response_tool_calls=json.loads(record["response_tool_calls_json"]),
+                response_tool_calls=tool_calls,
                 finish_reason=record["finish_reason"],
                 retokenized=record.get("retokenized", False),
             )
