@@ -71,6 +71,7 @@ class _ReadPlan:
     reader: SchemaVersion
     reader_parsed: dict[str, Any] | None
     filled_defaults: tuple[tuple[str, Any], ...]
+    packed: tuple[tuple[str, str, int], ...]  # the reader's packed fields: name, kind, item size
 
 
 class Codec:
@@ -130,7 +131,7 @@ class Codec:
         if plan is None:
             raise unknown_fingerprint_error(data[2:HEADER_SIZE], self.catalog.schema_dir)
         record = _read_body(data, plan)
-        _check_packed_lengths(plan.reader, record)
+        _check_packed_lengths(plan, record)
         return DecodedRecord(plan.reader.name, plan.writer.version, plan.reader.version, record)
 
     def to_json_dict(self, decoded: DecodedRecord) -> dict[str, Any]:
@@ -305,32 +306,41 @@ def _describe(schema: Any) -> str:
 def _read_body(data: bytes, plan: _ReadPlan) -> dict[str, Any]:
     stream = io.BytesIO(data)
     stream.seek(HEADER_SIZE)
-    where = f"{plan.writer.name} v{plan.writer.version}"
     try:
         record = fastavro.schemaless_reader(stream, plan.writer.parsed, plan.reader_parsed)
     except fastavro.read.SchemaResolutionError as exc:
-        raise IncompatibleSchemaError(f"{where} cannot be read as v{plan.reader.version}: {exc}") from exc
+        raise IncompatibleSchemaError(f"{_where(plan)} cannot be read as v{plan.reader.version}: {exc}") from exc
     except Exception as exc:  # a corrupt body makes fastavro raise EOFError, ValueError, IndexError, ...
-        raise CorruptRecordError(f"{where} body is unreadable: {type(exc).__name__}: {_truncate(str(exc))}") from exc
+        reason = f"{type(exc).__name__}: {_truncate(str(exc))}"
+        raise CorruptRecordError(f"{_where(plan)} body is unreadable: {reason}") from exc
     if stream.tell() != len(data):
-        raise CorruptRecordError(f"{where} record has {len(data) - stream.tell()} trailing bytes")
+        raise CorruptRecordError(f"{_where(plan)} record has {len(data) - stream.tell()} trailing bytes")
     if not isinstance(record, dict):
-        raise CorruptRecordError(f"{where} body did not decode to a record")
+        raise CorruptRecordError(f"{_where(plan)} body did not decode to a record")
     for name, default in plan.filled_defaults:
         record[name] = copy.deepcopy(default)
     return record
 
 
-def _check_packed_lengths(sv: SchemaVersion, record: Mapping[str, Any]) -> None:
-    for name, kind in sv.packed_fields.items():
+def _where(plan: _ReadPlan) -> str:
+    return f"{plan.writer.name} v{plan.writer.version}"
+
+
+def _check_packed_lengths(plan: _ReadPlan, record: Mapping[str, Any]) -> None:
+    for name, kind, size in plan.packed:
         value = record.get(name)
-        if isinstance(value, bytes) and len(value) % PACKED_DTYPES[kind].itemsize:
-            raise CorruptRecordError(f"{sv.name}.{name}: {len(value)} bytes is not a whole number of {kind} values")
+        if isinstance(value, bytes) and len(value) % size:
+            raise CorruptRecordError(f"{plan.reader.name}.{name}: {len(value)} bytes is not a whole number of {kind} "
+                                     "values")  # fmt: skip
+
+
+def _packed(sv: SchemaVersion) -> tuple[tuple[str, str, int], ...]:
+    return tuple((name, kind, PACKED_DTYPES[kind].itemsize) for name, kind in sv.packed_fields.items())
 
 
 def _read_plan(writer: SchemaVersion, reader: SchemaVersion) -> _ReadPlan:
     if writer is reader or writer.canonical_form == reader.canonical_form:
-        return _ReadPlan(writer, reader, None, ())
+        return _ReadPlan(writer, reader, None, (), _packed(reader))
     writer_fields = {fld["name"] for fld in writer.parsed["fields"]}
     named = reader.parsed.get("__named_schemas", {})
     filled = tuple(
@@ -338,7 +348,7 @@ def _read_plan(writer: SchemaVersion, reader: SchemaVersion) -> _ReadPlan:
         for fld in reader.parsed["fields"]
         if "default" in fld and not ({fld["name"], *fld.get("aliases", [])} & writer_fields)
     )
-    return _ReadPlan(writer, reader, reader.parsed, filled)
+    return _ReadPlan(writer, reader, reader.parsed, filled, _packed(reader))
 
 
 def _python_default(schema: Any, default: Any, named: Mapping[str, Any]) -> Any:
