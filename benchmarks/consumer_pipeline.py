@@ -194,12 +194,13 @@ def measure(label: str, bus: Bus, episodes: list[SyntheticEpisode], raw: Callabl
     rows.append((f"{label}: plain consume + produce loop", raw(namespace, len(records))))
     config = RuntimeConfig(max_poll_records=500, poll_timeout_s=0.2, progress_interval_s=3600)
     episodes_out = len(episodes)
-    seconds = run_timed(bus, TrajectoryAssembler(), namespace, lambda s: s.outputs >= episodes_out, config)
+    # done once the last input's transaction committed: its outputs are then readable
+    seconds = run_timed(bus, TrajectoryAssembler(), namespace, lambda s: s.committed_in >= len(records), config)
     rows.append((f"{label}: assembler (runtime, exactly-once)", seconds))
     builder = sample_builder()
     if builder is not None:
         try:
-            seconds = run_timed(bus, builder, namespace, lambda s: s.records_in >= episodes_out, config, limit_s=60)
+            seconds = run_timed(bus, builder, namespace, lambda s: s.committed_in >= episodes_out, config, limit_s=60)
             rows.append((f"{label}: sample builder over the trajectories", seconds))
             rows.append((f"{label}: assembler -> sample builder (sum)", rows[-2][1] + seconds))
         except RuntimeError as exc:

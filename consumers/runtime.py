@@ -78,6 +78,7 @@ class RuntimeStats:
     """Counters of one runtime (or replay) run."""
 
     records_in: int = 0
+    committed_in: int = 0  # input records whose transaction committed (the runtime's; replays commit none)
     outputs: int = 0
     dead_letters: int = 0
     transactions: int = 0
@@ -580,7 +581,7 @@ class ConsumerRuntime:
                 open_txn.add(len(batch))
                 if len(batch) == self.config.max_poll_records and not self._stop and not open_txn.due(self.config):
                     continue  # the next poll goes into the same transaction
-                if not self._commit(producer, consumer, driver, state, open_txn.records > 0):
+                if not self._commit(producer, consumer, driver, state, open_txn.records):
                     return idle_since, False
                 open_txn = _OpenTransaction()
                 if batch:
@@ -591,7 +592,7 @@ class ConsumerRuntime:
                 if time.monotonic() >= next_progress:
                     next_progress = time.monotonic() + self.config.progress_interval_s
                     self.log.info("progress", state_keys=len(state._committed), **self._progress_fields())
-            if open_txn.records and not self._commit(producer, consumer, driver, state, True):
+            if open_txn.records and not self._commit(producer, consumer, driver, state, open_txn.records):
                 return idle_since, False  # stopped between a poll and its commit: commit what it processed
         finally:
             consumer.close()
@@ -722,9 +723,10 @@ class ConsumerRuntime:
         consumer: Consumer,
         driver: DriverCore,
         state: ChangelogStateStore,
-        consumed: bool,
+        consumed: int,
     ) -> bool:
-        """Write the batch's outputs, state changes and offsets in one transaction; False: start a new session."""
+        """Write the batch's outputs, state changes and offsets (of ``consumed`` input records) in one transaction;
+        False: start a new session."""
         outputs = driver.take_outbox()
         changes = state.changelog()
         if not (consumed or outputs or changes):
@@ -738,6 +740,7 @@ class ConsumerRuntime:
             producer.commit(consumer)
         except TransactionPendingError:
             state.commit()  # committed; the next producer with our id finishes applying it
+            self.stats.committed_in += consumed
             self.log.warning("transaction committed but pending; restarting the session")
             return False
         except TransactionError as exc:
@@ -748,6 +751,7 @@ class ConsumerRuntime:
             return False
         state.commit()
         self.stats.transactions += 1
+        self.stats.committed_in += consumed
         return True
 
     def _progress_fields(self) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def run(bus: Bus, **config: Any) -> tuple[ConsumerRuntime, list[str]]:
 def test_full_polls_share_a_transaction_up_to_its_record_count(tmp_path: Path) -> None:
     runtime, copies = run(published(tmp_path), transaction_interval_s=10.0, transaction_max_records=20)
     assert copies == sorted(f"e-{i}" for i in range(EPISODES))
-    assert (runtime.stats.transactions, runtime.stats.aborted_batches) == (2, 0)
+    assert (runtime.stats.transactions, runtime.stats.aborted_batches, runtime.stats.committed_in) == (2, 0, 40)
 
 
 def test_an_interval_of_zero_commits_every_poll(tmp_path: Path) -> None:
@@ -82,4 +82,4 @@ def test_a_partition_moved_back_mid_transaction_drops_it_and_redoes_its_records_
     bus.consumer = rewinding  # type: ignore[method-assign]
     runtime, copies = run(bus, transaction_interval_s=10.0, transaction_max_records=20)
     assert copies == sorted(f"e-{i}" for i in range(EPISODES))
-    assert runtime.stats.aborted_batches == 1
+    assert (runtime.stats.aborted_batches, runtime.stats.committed_in) == (1, EPISODES)  # the dropped ones once
