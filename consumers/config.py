@@ -24,11 +24,11 @@ class RuntimeConfig(_Strict):
         0.1,
         ge=0,
         le=10.0,
-        description="While polls come back full (more records are waiting), a transaction stays open for further "
-        "polls until it is this old (0: one poll per transaction); a poll that comes back short commits it at "
-        "once. Outputs are visible only once committed: this bounds the latency it adds. Fewer, larger "
-        "transactions cost less per record, and a state key written and deleted within one transaction never "
-        "reaches the changelog.",
+        description="While records are waiting (a poll that does not wait returns some), a transaction stays open "
+        "for further polls until it is this old (0: one poll per transaction); an empty poll commits it at once. "
+        "Outputs are visible only once committed: this bounds the latency it adds. Fewer, larger transactions "
+        "cost less per record, and a state key written and deleted within one transaction never reaches the "
+        "changelog.",
     )
     transaction_max_records: int = Field(
         10_000, ge=1, description="...or until it holds this many input records (bounds the outputs held in memory)."

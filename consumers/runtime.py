@@ -3,9 +3,9 @@
 Every loop has the same shape: poll (at most ``max_poll_records``, waiting at most a second), decode each record,
 ``process`` it, ``punctuate``, then commit **one** transaction holding the outputs, the state-store changes
 (``consumers.state``) and the input offsets. A crash anywhere leaves either all of a batch or none of it. A batch is
-one poll or several: while polls come back full (``max_poll_records``: more records are waiting) the transaction
-stays open for the next one, until it is ``transaction_interval_s`` old or holds ``transaction_max_records``
-records; a poll that comes back short, or a stop, commits it at once.
+one poll or several: while records are waiting (a poll that does not wait returns some) the transaction stays open
+for the next poll, until it is ``transaction_interval_s`` old or holds ``transaction_max_records`` records; an
+empty poll, or a stop, commits it at once.
 
 - A record that cannot be decoded, carries the wrong schema for its topic, or that the processor rejects
   (``RecordRejected``, or any other exception) goes to the dead-letter topic with the reason, inside the same
@@ -104,8 +104,9 @@ class _OpenTransaction:
         return self.records >= config.transaction_max_records or self._left_s(config) <= 0
 
     def poll_timeout_s(self, config: RuntimeConfig) -> float:
-        """How long the next poll may wait: no longer than until an open transaction is due."""
-        return min(config.poll_timeout_s, self._left_s(config)) if self.records else config.poll_timeout_s
+        """How long the next poll may wait: not at all while a transaction is open (only records already there
+        join it; an empty poll commits it)."""
+        return 0.0 if self.records else config.poll_timeout_s
 
     def _left_s(self, config: RuntimeConfig) -> float:
         return max(0.0, self.started + config.transaction_interval_s - time.monotonic())
@@ -579,7 +580,7 @@ class ConsumerRuntime:
                     self._now = max(self._now, self.clock())
                 driver.punctuate(self._now)
                 open_txn.add(len(batch))
-                if len(batch) == self.config.max_poll_records and not self._stop and not open_txn.due(self.config):
+                if batch and not self._stop and not open_txn.due(self.config):
                     continue  # the next poll goes into the same transaction
                 if not self._commit(producer, consumer, driver, state, open_txn.records):
                     return idle_since, False

@@ -1,6 +1,6 @@
-"""Transactions of several polls: full polls share one transaction (up to its interval or record count), a short
-poll commits it, and a partition moved back while one is open drops it and redoes its records from the committed
-offsets, so a processor that is not idempotent still emits each record's output once."""
+"""Transactions of several polls: polls that find records waiting share one transaction (up to its interval or
+record count), an empty poll commits it, and a partition moved back while one is open drops it and redoes its
+records from the committed offsets, so a processor that is not idempotent still emits each record's output once."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def run(bus: Bus, **config: Any) -> tuple[ConsumerRuntime, list[str]]:
     return runtime, sorted(copies)
 
 
-def test_full_polls_share_a_transaction_up_to_its_record_count(tmp_path: Path) -> None:
+def test_polls_share_a_transaction_up_to_its_record_count(tmp_path: Path) -> None:
     runtime, copies = run(published(tmp_path), transaction_interval_s=10.0, transaction_max_records=20)
     assert copies == sorted(f"e-{i}" for i in range(EPISODES))
     assert (runtime.stats.transactions, runtime.stats.aborted_batches, runtime.stats.committed_in) == (2, 0, 40)
