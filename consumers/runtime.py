@@ -555,7 +555,8 @@ class ConsumerRuntime:
         open_txn = _OpenTransaction()
         try:
             while not self._stop:
-                before = consumer.position() if open_txn.records else {}
+                waits = not open_txn.records  # an open transaction takes only the records already there
+                before = {} if waits else consumer.position()
                 try:
                     batch = consumer.poll(self.config.max_poll_records, open_txn.poll_timeout_s(self.config))
                 except MemberFencedError as exc:
@@ -573,7 +574,8 @@ class ConsumerRuntime:
                     idle_since = time.monotonic()  # a rebalance is not idleness: the new partitions are still to read
                 for record in batch:
                     driver.handle(record)
-                caught_up = not batch and self._caught_up(consumer)
+                # an empty poll that did not wait (it ends an open transaction) says nothing of the ends: not asked
+                caught_up = not batch and waits and self._caught_up(consumer)
                 if batch:
                     self._now = max(self._now, driver.stream_time_ms)
                 elif caught_up:
