@@ -21,35 +21,17 @@ import torch
 from orchard.bus import open_bus
 from orchard.clock import now_ms
 from orchard.codec import Codec
-from orchard.config import EmbeddedBusConfig, LocalStoreConfig, OrchardConfig
+from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.store import open_store
 from orchard.topics import POLICY_VERSIONS, ROLLOUT_ROUNDS
+from tests.integration.test_trainer_complete_input import RecordingTrainer, _orchard
 from trainers.checkpoint import CheckpointStore
 from trainers.config import PolicyTrainerConfig
-from trainers.policy import PolicyTrainer, _Step
 from trainers.synthetic import produce_samples, synthetic_stream
 
 MODEL = "tiny-llama-micro"
 TINY_VOCAB = 420
 PER_ROUND = 10  # 40 tokens each, 4 a step (batch_tokens=160): 3 steps a round, the last of 2 samples
-
-
-class RecordingTrainer(PolicyTrainer):
-    """A policy trainer that records the sample ids of every step it trains."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list[list[str]] = []
-
-    def _train(self, step: _Step) -> None:
-        self.batches.append([s.sample_id for s in step.samples])
-        super()._train(step)
-
-
-def _orchard(root: Path) -> OrchardConfig:
-    return OrchardConfig(
-        run_id="r1", bus=EmbeddedBusConfig(path=root / "bus"), store=LocalStoreConfig(path=root / "store")
-    )
 
 
 def _config(root: Path, **overrides: Any) -> PolicyTrainerConfig:
