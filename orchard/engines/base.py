@@ -11,7 +11,10 @@ trace on every answer (``orchard.engines.token_trace``).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +26,10 @@ if TYPE_CHECKING:
 
 class Engine(ABC):
     """A model served over Orchard's OpenAI API, at one policy version at a time."""
+
+    #: whether ``load_version_files`` loads from memory (the reloader then reads small versions into memory);
+    #: otherwise the reloader downloads each version into its download directory for ``load_version``
+    loads_from_memory: bool = False
 
     @property
     @abstractmethod
@@ -38,6 +45,20 @@ class Engine(ABC):
     def load_version(self, directory: Path, version: int) -> None:
         """Serve the verified weights in ``directory`` as ``version`` (requests in flight finish on the old ones);
         raise, and keep serving the old version, if they cannot be served."""
+
+    def load_version_files(self, files: Mapping[str, bytes], version: int) -> None:
+        """Serve a verified version held in memory (its file paths and contents) as ``version``, like
+        ``load_version``. This default writes the files to a scratch directory and calls ``load_version``; the local
+        engine overrides it to load the weights without writing them anywhere (``loads_from_memory``)."""
+        directory = Path(tempfile.mkdtemp(prefix=f"policy-v{version}-"))
+        try:
+            for path, data in files.items():
+                target = directory.joinpath(*path.split("/"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            self.load_version(directory, version)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     @abstractmethod
     def create_app(self, reloader: PolicyReloader | None = None) -> FastAPI:

@@ -16,6 +16,7 @@ tensors at random, silently), and a new version whose architecture or vocabulary
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import safetensors.torch
 import torch
 import transformers
 from packaging.version import Version
@@ -49,6 +51,9 @@ log = get_logger("engines.local")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+# config keys that say how a checkpoint was saved, not what model it is
+_CONFIG_PROVENANCE = frozenset({"transformers_version", "_name_or_path", "torch_dtype", "dtype"})
 
 
 def resolve_device(device: str) -> torch.device:
@@ -103,6 +108,8 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 class LocalEngine(Engine):
     """A checkpoint served by a batching scheduler; see the module docstring."""
+
+    loads_from_memory = True
 
     def __init__(
         self,
@@ -266,6 +273,66 @@ class LocalEngine(Engine):
         _check_compatible(json.loads((directory / CONFIG_FILE).read_text()), self._reference.to_dict())
         model = load_model(directory, self.device, self.dtype)
         self.scheduler.install(ServingModel(model, version))
+
+    def load_version_files(self, files: Mapping[str, bytes], version: int) -> None:
+        """``load_version`` from memory. A version of one ``model.safetensors`` whose config is the served one's
+        (or absent) is copied into a copy of the served model: no file written, no model built from a config,
+        the same checks (every tensor present, no extra one, the same shapes). Anything else (sharded weights,
+        another config) goes through ``load_version``."""
+        weights, config = files.get(WEIGHTS_FILE), files.get(CONFIG_FILE)
+        served = self.scheduler.serving.model
+        if weights is None or (config is not None and not _same_config(config, served)):
+            super().load_version_files(files, version)
+            return
+        current = self.policy_version
+        if version <= current:
+            raise CheckpointError(f"version {version} is not newer than the version served ({current})")
+        try:
+            tensors = safetensors.torch.load(weights)
+        except Exception as exc:  # a safetensors error of any kind means "cannot load this"
+            raise CheckpointError(f"cannot load the weights of version {version}: {exc}") from exc
+        # a copy of the served model, not the served one: requests in flight finish on the weights they started with
+        model = copy.deepcopy(served)
+        copy_weights(model, tensors, f"version {version}")
+        self.scheduler.install(ServingModel(model, version))
+
+
+def _same_config(data: bytes, model: PreTrainedModel) -> bool:
+    """Whether ``data`` (a ``config.json``) describes ``model``'s architecture (how it was saved aside)."""
+    try:
+        new = json.loads(data)
+    except ValueError:
+        return False  # load_version says what is wrong with it
+    if not isinstance(new, dict):
+        return False
+    served = model.config.to_diff_dict()  # what save_pretrained writes: the values that differ from the defaults
+    keys = (set(new) | set(served)) - _CONFIG_PROVENANCE
+    return all(new.get(key) == served.get(key) for key in keys)
+
+
+def copy_weights(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Copy ``tensors`` into ``model``'s own; ``CheckpointError`` (``model`` untouched) if any tensor is missing,
+    unexpected or of another shape. A tensor tied to another (one storage, e.g. tied embeddings) may be absent when
+    one of its ties is present, as ``save_pretrained`` writes it."""
+    own = model.state_dict()
+    ties: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for name, tensor in own.items():
+        ties.setdefault((tensor.data_ptr(), tuple(tensor.shape)), []).append(name)
+    missing = sorted(name for names in ties.values() if not any(n in tensors for n in names) for name in names)
+    unexpected = sorted(name for name in tensors if name not in own)
+    mismatched = sorted(
+        name for name, tensor in tensors.items() if name in own and tuple(tensor.shape) != tuple(own[name].shape)
+    )
+    problems = {
+        kind: names
+        for kind, names in (("missing_keys", missing), ("unexpected_keys", unexpected), ("mismatched_keys", mismatched))
+        if names
+    }
+    if problems:
+        raise CheckpointError(f"{what} does not match its architecture: {problems}")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            own[name].copy_(tensor)
 
 
 def _check_compatible(new: Mapping[str, Any], served: Mapping[str, Any]) -> None:

@@ -7,12 +7,14 @@ served (only the newest of a polled batch is applied), it:
 
 1. reads the version's manifest and checks that its sha256 is the record's ``sha256`` (the record names exactly
    this manifest, which lists every file's own sha256);
-2. downloads the version into a temporary directory with ``download_version(verify=True)``: every file's size and
-   sha256 are checked as it streams down;
-3. hands them to the engine's ``load_version`` (``orchard.engines.base.Engine``): the local engine loads them into a
-   *new* model instance (every tensor present, no extra ones, same shapes and vocabulary) and installs it between
-   two steps, requests already running finishing on the weights they started with; the vLLM backend drains and
-   swaps (``orchard.engines.vllm_backend``).
+2. reads every file and checks its size and sha256: into memory for a version up to ``in_memory_bytes`` (256
+   MiB) when the engine ``loads_from_memory``, handed to its ``load_version_files``; otherwise it streams to a
+   scratch directory (``download_version(verify=True)``, no fsyncs: it is deleted once loaded), handed to
+   ``load_version`` (``orchard.engines.base.Engine``);
+3. the local engine copies the weights into a *copy* of the served model (from memory; from a directory it builds a
+   new model instance), checking that every tensor is present, with no extra ones, the same shapes and vocabulary,
+   and installs it between two steps, requests already running finishing on the weights they started with; the
+   vLLM backend drains and swaps (``orchard.engines.vllm_backend``).
 
 Any failure (a tampered or partial artifact, a missing manifest, weights that do not load) is logged as an error
 with the version and the reason, counted in ``refused``, and the engine keeps serving the version it had.
@@ -20,7 +22,6 @@ with the version and the reason, counted in ``refused``, and the engine keeps se
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import threading
@@ -36,8 +37,8 @@ from orchard.engines.base import Engine
 from orchard.engines.exceptions import EngineError
 from orchard.logging import get_logger
 from orchard.serialization_errors import SerializationError
-from orchard.store import ArtifactStore, IntegrityError, open_store
-from orchard.store.versions import manifest_key
+from orchard.store import ArtifactStore, open_store
+from orchard.store.manifest import Manifest
 from orchard.topics import POLICY_VERSIONS, TOPICS_BY_NAME
 
 if TYPE_CHECKING:
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
     from orchard.engines.config import PolicyUpdatesConfig
 
 log = get_logger("engines.reload")
+
+# A version up to this size is read into memory and handed to the engine as bytes (the local engine then copies
+# the weights into a copy of its model: no scratch files, no model built from its config); a larger one streams to a
+# scratch directory the engine loads from.
+IN_MEMORY_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -76,6 +82,7 @@ class PolicyReloader:
         poll_timeout_s: float = 0.5,
         codec: Codec | None = None,
         owns_backends: bool = False,
+        in_memory_bytes: int = IN_MEMORY_BYTES,
     ) -> None:
         self.engine = engine
         self.bus = bus
@@ -89,6 +96,7 @@ class PolicyReloader:
         self.codec = codec or Codec.default()
         self.events: list[ReloadEvent] = []
         self._owns_backends = owns_backends
+        self.in_memory_bytes = in_memory_bytes
         self._artifact = policy_artifact_name(run_id, model)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -179,12 +187,12 @@ class PolicyReloader:
     def apply(self, version: int, manifest_sha256: str | None) -> bool:
         """Fetch, verify, load and install ``version``; on any failure log it, keep serving, return False."""
         start = time.perf_counter()
-        if self.download_dir is not None:
-            self.download_dir.mkdir(parents=True, exist_ok=True)
-        target = Path(tempfile.mkdtemp(prefix=f"policy-v{version}-", dir=self.download_dir))
         try:
-            self._fetch(version, manifest_sha256, target)
-            self.engine.load_version(target, version)
+            manifest = self.store.read_manifest(self._artifact, version, manifest_sha256)
+            if self.engine.loads_from_memory and manifest.total_size <= self.in_memory_bytes:
+                self.engine.load_version_files(self.store.read_version_files(manifest), version)
+            else:
+                self._load_from_disk(manifest, version)
         except Exception as exc:  # whatever went wrong (store, integrity, weights, memory), keep serving
             seconds = time.perf_counter() - start
             self.events.append(ReloadEvent(version, False, seconds, reason=str(exc)))
@@ -195,19 +203,21 @@ class PolicyReloader:
                 reason=str(exc),
             )
             return False
-        finally:
-            shutil.rmtree(target, ignore_errors=True)
         seconds = time.perf_counter() - start
         self.events.append(ReloadEvent(version, True, seconds))
         log.info("policy version loaded", version=version, seconds=round(seconds, 3))
         return True
 
-    def _fetch(self, version: int, manifest_sha256: str | None, target: Path) -> None:
-        if manifest_sha256 is not None:
-            actual = hashlib.sha256(self.store.get_bytes(manifest_key(self._artifact, version))).hexdigest()
-            if actual != manifest_sha256:
-                raise IntegrityError(f"manifest of v{version} has sha256 {actual}, the record says {manifest_sha256}")
-        self.store.download_version(self._artifact, version, target, verify=True)
+    def _load_from_disk(self, manifest: Manifest, version: int) -> None:
+        if self.download_dir is not None:
+            self.download_dir.mkdir(parents=True, exist_ok=True)
+        target = Path(tempfile.mkdtemp(prefix=f"policy-v{version}-", dir=self.download_dir))
+        try:
+            # a scratch copy, deleted once loaded: no fsyncs
+            self.store.download_version(self._artifact, version, target, manifest=manifest, durable=False)
+            self.engine.load_version(target, version)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
 
 
 def open_reloader(engine: Engine, config: PolicyUpdatesConfig, orchard_config: OrchardConfig) -> PolicyReloader:

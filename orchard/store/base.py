@@ -186,8 +186,11 @@ class ObjectReader(Iterator[bytes]):
         self.close()
 
 
-def atomic_write(path: Path, chunks: Iterable[bytes], check: Callable[[int, str], None] | None = None) -> ObjectInfo:
+def atomic_write(
+    path: Path, chunks: Iterable[bytes], check: Callable[[int, str], None] | None = None, *, durable: bool = True
+) -> ObjectInfo:
     """Write ``chunks`` to ``path`` atomically: a temporary file in the same directory, fsync, ``os.replace``.
+    ``durable=False`` skips the fsyncs of the file and its directory (a scratch file: atomic, not crash-proof).
 
     ``check(size, sha256)`` runs after the data is on disk and before the rename; if it raises, nothing appears
     at ``path``. Readers see the old file or the complete new one, never a prefix. OS errors become ``StoreError``.
@@ -202,12 +205,14 @@ def atomic_write(path: Path, chunks: Iterable[bytes], check: Callable[[int, str]
                 out.write(chunk)
                 size += len(chunk)
             out.flush()
-            os.fsync(out.fileno())
+            if durable:
+                os.fsync(out.fileno())
         if check is not None:
             check(size, digest.hexdigest())
         os.replace(tmp, path)
         tmp = None
-        _fsync_directory(path.parent)
+        if durable:
+            _fsync_directory(path.parent)
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc}") from exc
     finally:
@@ -338,11 +343,14 @@ class ArtifactStore(ABC):
         with self.open_read(key) as reader:
             return b"".join(reader)
 
-    def get_file(self, key: str, dest_path: Path, *, sha256: str | None = None, size: int | None = None) -> ObjectInfo:
+    def get_file(
+        self, key: str, dest_path: Path, *, sha256: str | None = None, size: int | None = None, durable: bool = True
+    ) -> ObjectInfo:
         """Stream ``key`` into the local file ``dest_path`` atomically, returning the size and sha256 downloaded.
 
         When ``sha256`` or ``size`` is given, a mismatch raises ``IntegrityError`` and leaves nothing at
-        ``dest_path``; the hash is computed while the bytes are written, in one pass.
+        ``dest_path``; the hash is computed while the bytes are written, in one pass. ``durable=False`` skips the
+        fsyncs (a scratch copy that is deleted once used).
         """
         dest = Path(dest_path)
         with self.open_read(key) as reader:
@@ -350,7 +358,7 @@ class ArtifactStore(ABC):
                 dest.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create {dest.parent}: {exc}") from exc
-            info = atomic_write(dest, reader, check=_expect(key, sha256, size))
+            info = atomic_write(dest, reader, check=_expect(key, sha256, size), durable=durable)
         return ObjectInfo(key=key, size=info.size, sha256=info.sha256)
 
     def exists(self, key: str) -> bool:
@@ -390,13 +398,29 @@ class ArtifactStore(ABC):
         """The newest complete version of ``name``, or ``None``."""
         return _versions().latest_version(self, name)
 
-    def read_manifest(self, name: str, version: int) -> Manifest:
-        """The manifest of version ``version`` of ``name``; ``ArtifactNotFoundError`` if it was not published."""
-        return _versions().read_manifest(self, name, version)
+    def read_manifest(self, name: str, version: int, sha256: str | None = None) -> Manifest:
+        """The manifest of version ``version`` of ``name`` (checked against ``sha256`` if given);
+        ``ArtifactNotFoundError`` if it was not published."""
+        return _versions().read_manifest(self, name, version, sha256)
 
-    def download_version(self, name: str, version: int, dest_dir: Path, verify: bool = True) -> Manifest:
+    def read_version_files(self, manifest: Manifest) -> dict[str, bytes]:
+        """Every file of a version in memory, sizes and sha256 verified; see ``versions.read_version_files``."""
+        return _versions().read_version_files(self, manifest)
+
+    def download_version(
+        self,
+        name: str,
+        version: int,
+        dest_dir: Path,
+        verify: bool = True,
+        *,
+        manifest: Manifest | None = None,
+        durable: bool = True,
+    ) -> Manifest:
         """Download a version into ``dest_dir``, verifying sizes and sha256; see ``versions.download_version``."""
-        return _versions().download_version(self, name, version, dest_dir, verify=verify)
+        return _versions().download_version(
+            self, name, version, dest_dir, verify=verify, manifest=manifest, durable=durable
+        )
 
     def gc(self, name: str, keep_last: int) -> list[int]:
         """Delete old and abandoned versions of ``name``, keeping the newest ``keep_last``; see ``versions.gc``."""

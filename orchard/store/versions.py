@@ -12,6 +12,7 @@ same version at once could both pass the existence check.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from contextlib import suppress
@@ -180,27 +181,60 @@ def latest_version(store: ArtifactStore, name: str) -> int | None:
     return versions[-1] if versions else None
 
 
-def read_manifest(store: ArtifactStore, name: str, version: int) -> Manifest:
-    """The manifest of ``version`` of ``name``; ``ArtifactNotFoundError`` if that version does not exist."""
+def read_manifest(store: ArtifactStore, name: str, version: int, sha256: str | None = None) -> Manifest:
+    """The manifest of ``version`` of ``name``; ``ArtifactNotFoundError`` if that version does not exist, and
+    ``IntegrityError`` if ``sha256`` is given and the manifest's bytes have another."""
     key = manifest_key(name, version)
     try:
         data = store.get_bytes(key)
     except ArtifactNotFoundError as exc:
         raise ArtifactNotFoundError(f"{name} v{version} does not exist in {store.location} (no manifest)") from exc
+    if sha256 is not None and (actual := hashlib.sha256(data).hexdigest()) != sha256:
+        raise IntegrityError(f"manifest of {name} v{version} has sha256 {actual}, expected {sha256}")
     manifest = Manifest.from_json(data, source=f"{store.location}/{key}")
     if (manifest.name, manifest.version) != (name, version):
         raise IntegrityError(f"{store.location}/{key} describes {manifest.name} v{manifest.version}")
     return manifest
 
 
-def download_version(store: ArtifactStore, name: str, version: int, dest_dir: Path, verify: bool = True) -> Manifest:
+def read_version_files(store: ArtifactStore, manifest: Manifest) -> dict[str, bytes]:
+    """Every file of the version ``manifest`` describes, in memory (path -> content), each checked against the
+    manifest's size and sha256 (``IntegrityError``): a version small enough to hold in memory, nothing written."""
+    prefix = version_prefix(manifest.name, manifest.version)
+    files: dict[str, bytes] = {}
+    for entry in manifest.files:
+        key = prefix + entry.path
+        data = store.get_bytes(key)
+        if len(data) != entry.size:
+            raise IntegrityError(f"{key!r}: expected {entry.size} bytes, got {len(data)}")
+        if (actual := hashlib.sha256(data).hexdigest()) != entry.sha256:
+            raise IntegrityError(f"{key!r}: expected sha256 {entry.sha256}, got {actual}")
+        files[entry.path] = data
+    return files
+
+
+def download_version(
+    store: ArtifactStore,
+    name: str,
+    version: int,
+    dest_dir: Path,
+    verify: bool = True,
+    *,
+    manifest: Manifest | None = None,
+    durable: bool = True,
+) -> Manifest:
     """Stream every file of a version into ``dest_dir``, then write its ``manifest.json`` there last.
 
     With ``verify`` each file's size and sha256 are checked while it streams down; a mismatch raises
     ``IntegrityError``. On any failure the files this call wrote are removed, so a directory holding a
-    ``manifest.json`` is always a complete download. Existing files of the same paths are replaced.
+    ``manifest.json`` is always a complete download. Existing files of the same paths are replaced. ``manifest``:
+    the version's, already read (``read_manifest``). ``durable=False`` skips the fsyncs, for a scratch download
+    that is deleted once used.
     """
-    manifest = read_manifest(store, name, version)
+    if manifest is None:
+        manifest = read_manifest(store, name, version)
+    elif (manifest.name, manifest.version) != (name, version):
+        raise ValueError(f"the manifest given is {manifest.name} v{manifest.version}, not {name} v{version}")
     dest = Path(dest_dir)
     prefix = version_prefix(name, version)
     written: list[Path] = []
@@ -210,9 +244,9 @@ def download_version(store: ArtifactStore, name: str, version: int, dest_dir: Pa
         for entry in manifest.files:
             target = dest.joinpath(*entry.path.split("/"))
             expected = (entry.sha256, entry.size) if verify else (None, None)
-            store.get_file(prefix + entry.path, target, sha256=expected[0], size=expected[1])
+            store.get_file(prefix + entry.path, target, sha256=expected[0], size=expected[1], durable=durable)
             written.append(target)
-        atomic_write(dest / MANIFEST_NAME, [manifest.to_json()])
+        atomic_write(dest / MANIFEST_NAME, [manifest.to_json()], durable=durable)
     except Exception:
         for path in written:
             with suppress(OSError):

@@ -46,7 +46,7 @@ from orchard.config import EmbeddedBusConfig, LocalStoreConfig
 from orchard.engines.exceptions import EngineError
 from orchard.engines.local import LocalEngine
 from orchard.engines.openai_api import create_engine_app
-from orchard.engines.reload import PolicyReloader
+from orchard.engines.reload import IN_MEMORY_BYTES, PolicyReloader
 from orchard.engines.server import serve_in_thread
 from orchard.engines.tiny import TOKENIZER_REVISION, build_tiny_checkpoint
 from orchard.engines.token_trace import TokenTrace, trace_of
@@ -593,12 +593,17 @@ async def test_hot_reload_under_load(tmp_path: Path, checkpoints: dict[str, Path
 
 
 @pytest.mark.asyncio
-async def test_corrupt_or_partial_versions_are_refused(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
+@pytest.mark.parametrize("in_memory_bytes", [IN_MEMORY_BYTES, 0], ids=["in-memory", "scratch-directory"])
+async def test_corrupt_or_partial_versions_are_refused(
+    tmp_path: Path, checkpoints: dict[str, Path], in_memory_bytes: int
+) -> None:
     bus = open_bus(EmbeddedBusConfig(path=tmp_path / "bus"))
     store = open_store(LocalStoreConfig(path=tmp_path / "store"))
     producer = bus.producer()
     engine = LocalEngine(checkpoints["v0"], model_name=MODEL, cpu_threads=1)
-    reloader = PolicyReloader(engine, bus, store, run_id="r1", model="policy", poll_timeout_s=0.1)
+    reloader = PolicyReloader(
+        engine, bus, store, run_id="r1", model="policy", poll_timeout_s=0.1, in_memory_bytes=in_memory_bytes
+    )
     v1 = load_reference(checkpoints["v1"])
     publish = {"run_id": "r1", "model": "policy", "trainer_step": 1}
     partial = tmp_path / "partial"

@@ -259,3 +259,43 @@ def test_gc_keeps_the_newest_and_removes_abandoned_versions(
     assert store.gc("policy", keep_last=2) == []
     with pytest.raises(ValueError, match="keep_last must be at least 1"):
         store.gc("policy", keep_last=0)
+
+
+def test_a_version_read_into_memory_is_verified_file_by_file(
+    store: ArtifactStore, weights: Callable[[str, bytes], Path]
+) -> None:
+    store.publish_version("policy", 1, {"a.bin": weights("a", b"A" * 1000), "d/b.bin": weights("b", b"B" * 10)}, {})
+    manifest = store.read_manifest("policy", 1, sha256(store.get_bytes("policy/v0000000001/manifest.json")))
+    assert store.read_version_files(manifest) == {"a.bin": b"A" * 1000, "d/b.bin": b"B" * 10}
+    store.put_bytes("policy/v0000000001/a.bin", b"A" * 999 + b"X")  # same size, different content
+    with pytest.raises(IntegrityError, match=r"'policy/v0000000001/a\.bin': expected sha256"):
+        store.read_version_files(manifest)
+    store.put_bytes("policy/v0000000001/a.bin", b"A" * 999)
+    with pytest.raises(IntegrityError, match="expected 1000 bytes, got 999"):
+        store.read_version_files(manifest)
+
+
+def test_a_manifest_whose_bytes_are_not_the_expected_ones_is_refused(
+    store: ArtifactStore, weights: Callable[[str, bytes], Path]
+) -> None:
+    store.publish_version("policy", 1, {"a.bin": weights("a", b"A")}, {})
+    with pytest.raises(IntegrityError, match=r"manifest of policy v1 has sha256 [0-9a-f]{64}, expected 0{64}"):
+        store.read_manifest("policy", 1, "0" * 64)
+
+
+def test_a_scratch_download_is_complete_and_verified_without_fsyncs(
+    store: ArtifactStore, weights: Callable[[str, bytes], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.publish_version("policy", 1, {"a.bin": weights("a", b"A" * 1000)}, {})
+    manifest = store.read_manifest("policy", 1)
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    dest = tmp_path / "scratch"
+    assert store.download_version("policy", 1, dest, manifest=manifest, durable=False) == manifest
+    assert (dest / "a.bin").read_bytes() == b"A" * 1000 and (dest / "manifest.json").is_file()
+    assert synced == []
+    store.put_bytes("policy/v0000000001/a.bin", b"A" * 999 + b"X")
+    with pytest.raises(IntegrityError, match="expected sha256"):
+        store.download_version("policy", 1, tmp_path / "again", durable=False)
+    with pytest.raises(ValueError, match="the manifest given is policy v1, not policy v2"):
+        store.download_version("policy", 2, tmp_path / "other", manifest=manifest)
