@@ -174,4 +174,3 @@ def test_the_built_in_agents_preamble_is_a_few_hundred_tokens() -> None:
     preamble = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=True, add_generation_prompt=True)
     assert len(preamble) < 360
     assert tokenizer.tokenize(' "shell", "arguments"') == ['Ġ"', "shell", '",', 'Ġ"', "arguments", '"']
-

@@ -432,9 +432,7 @@ def test_host_environment_and_secrets_are_not_visible(runtime: LocalRuntime, mon
     assert "s3cr3t" not in everything
     if ISOLATION.drop_uid:  # /root is unreadable, or (masked) shows only the shared interpreter's directory in it
         listing = box.exec("ls -A /root")
-        shared_there = {
-            p.relative_to("/root").parts[0] for p in runtime.shared if p.is_relative_to("/root")
-        }
+        shared_there = {p.relative_to("/root").parts[0] for p in runtime.shared if p.is_relative_to("/root")}
         assert listing.exit_code != 0 or set(listing.stdout.split()) <= shared_there
 
 
