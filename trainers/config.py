@@ -225,7 +225,8 @@ class PolicyTrainerConfig(_Strict):
         ge=1,
         description="Passes over the stage's samples, up to this many in all: with input: complete, over the "
         "samples read; with input: stream, after the first (ended by idle_exit_s), seek back to where the stage "
-        "started and train the same records again.",
+        "started and train the same records again; with input: rounds, over each round's samples before its "
+        "version (PPO epochs).",
     )
     idle_flush_s: float = Field(
         5.0, ge=0.0, description="Train a partial step once no sample arrived for this long (the stream is idle)."
@@ -293,11 +294,10 @@ class PolicyTrainerConfig(_Strict):
         unused = sorted({"idle_flush_s", "idle_exit_s", "publish_every", "checkpoint_every", "input_end", "order"}
                         & self.model_fields_set)  # fmt: skip
         unused += ["publish_on_idle"] if self.publish_on_idle else []
-        unused += ["epochs"] if self.epochs > 1 else []
         if unused:
             raise ValueError(
                 f"{', '.join(unused)}: not used with input: rounds (one version and one checkpoint per round, each "
-                "round trained once in key order)"
+                "round trained in key order)"
             )
 
     def _check_complete_input(self) -> None:

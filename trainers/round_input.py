@@ -9,9 +9,11 @@ what is on their topics: every sample the round will make is then on the samples
 2. reads from where the last round ended up to those ends (however late or in whatever order the records arrive;
    the position, not an idle time, says when it has them all) and keeps the valid samples of its run, one per
    ``sample_id``, sorted by ``Sample.key`` (task, episode, sample id);
-3. yields that list as steps of ``batch_tokens * grad_accum`` tokens, the last one partial, then a ``Step`` marked
-   ``round_end``: the trainer publishes a version whose ``metrics["rollout_round"]`` is *r* (even when the round gave
-   nothing to train: the scheduler waits for it) and checkpoints.
+3. yields that list as steps of ``batch_tokens * grad_accum`` tokens, the last one partial, ``epochs`` times over in
+   the same order (PPO's epochs: the behaviour logprobs stay the round's, so a later pass is clipped against the
+   weights the round was sampled with), then a ``Step`` marked ``round_end``: the trainer publishes a version whose
+   ``metrics["rollout_round"]`` is *r* (even when the round gave nothing to train: the scheduler waits for it) and
+   checkpoints.
 
 So which samples a round trains, their order, its steps and the version after it depend on the samples alone, not
 on when they arrived or how busy the machine was. ``publish_every`` and ``checkpoint_every`` do not apply: a version
@@ -80,8 +82,13 @@ class RoundSource(SampleSource):
                 if self.config.loss.behaviour_logprobs == "trainer" and self._queue:
                     samples = [queued.sample for queued in self._queue if queued.sample is not None]
                     yield Step(consumed=[], samples=samples, lags=LagStats(), relabel=True)
-                while self._queue and (step := self._form_step(full_only=False)) is not None:  # whole, max_steps or not
-                    yield step
+                round_queue = list(self._queue)  # after the relabel: every pass trains the same samples
+                for epoch in range(self.config.epochs):
+                    if epoch:
+                        self._queue = deque(round_queue)
+                    # whole, max_steps or not
+                    while self._queue and (step := self._form_step(full_only=False)) is not None:
+                        yield step
                 self._round_ends = ends
                 yield Step(consumed=[], samples=[], lags=LagStats(), round_end=round_index)
         finally:

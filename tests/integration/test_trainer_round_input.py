@@ -4,7 +4,8 @@
   give the same steps and bitwise the same weights after every round (tiny model, CPU, deterministic torch);
 - every announced round gets exactly one version, tagged with the round, an empty round included;
 - a trainer stopped between rounds and started again skips the rounds it trained and continues with the next;
-- a sample that arrives after its round was announced is trained with the next round, not lost.
+- a sample that arrives after its round was announced is trained with the next round, not lost;
+- with ``epochs: 2`` each round's samples are trained twice, in the same order, before its one version.
 """
 
 from __future__ import annotations
@@ -216,3 +217,14 @@ def test_with_the_trainers_own_logprobs_engine_rounding_in_the_samples_changes_n
         _run_rounds(tmp_path / name, [nudged(records, seed) for records in rounds], shuffle=False, **settings)
     a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     assert all(torch.equal(a[name], b[name]) for name in a) == (behaviour == "trainer")
+
+
+def test_two_epochs_train_each_rounds_samples_twice_in_the_same_order_before_its_one_version(tmp_path: Path) -> None:
+    once = _run_rounds(tmp_path / "once", [_round_samples(0), _round_samples(1)], shuffle=False)
+    twice = _run_rounds(tmp_path / "twice", [_round_samples(0), _round_samples(1)], shuffle=True, epochs=2)
+
+    first, second = once.batches[:3], once.batches[3:]
+    assert twice.batches == first + first + second + second
+    versions = _versions(tmp_path / "twice" / "bus")
+    tagged = [(v["version"], v["metrics"]["rollout_round"], v["trainer_step"]) for v in versions]
+    assert tagged == [(1, 0.0, 6), (2, 1.0, 12)]

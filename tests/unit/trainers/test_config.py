@@ -40,6 +40,12 @@ def test_compile_with_deepspeed_is_refused() -> None:
         PolicyTrainerConfig(backend="deepspeed", compile=True)
 
 
+def test_round_input_refuses_per_step_outputs_and_idle_times_by_name_and_takes_epochs_per_round() -> None:
+    with pytest.raises(ConfigError, match="idle_exit_s, publish_every: not used with input: rounds"):
+        load_trainer_config(None, ["input=rounds", "publish_every=4", "idle_exit_s=5"])
+    assert load_trainer_config(None, ["input=rounds", "epochs=2"]).epochs == 2
+
+
 def test_schedule_warms_up_then_decays_to_the_floor() -> None:
     cosine = lr_factor(ScheduleConfig(kind="cosine", warmup_steps=4, min_lr_ratio=0.1), max_steps=14)
     assert [round(cosine(s), 4) for s in (0, 3, 4, 9, 14, 20)] == [0.25, 1.0, 1.0, 0.55, 0.1, 0.1]
