@@ -56,6 +56,11 @@ class RoundSource(SampleSource):
 
     schedules_outputs = False  # one version and one checkpoint per round, not every N steps
 
+    @property
+    def multi_pass(self) -> bool:
+        """Never: ``epochs`` are passes over one round, which a checkpoint (at a round's end) never falls inside."""
+        return False
+
     round_trained: int | None = None
     """The newest round trained (from the checkpoint; None before the first)."""
     _round_ends: dict[TopicPartition, int]

@@ -11,8 +11,6 @@ trace on every answer (``orchard.engines.token_trace``).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,19 +44,12 @@ class Engine(ABC):
         """Serve the verified weights in ``directory`` as ``version`` (requests in flight finish on the old ones);
         raise, and keep serving the old version, if they cannot be served."""
 
-    def load_version_files(self, files: Mapping[str, bytes], version: int) -> None:
+    def load_version_files(self, files: Mapping[str, bytes], version: int) -> bool:
         """Serve a verified version held in memory (its file paths and contents) as ``version``, like
-        ``load_version``. This default writes the files to a scratch directory and calls ``load_version``; the local
-        engine overrides it to load the weights without writing them anywhere (``loads_from_memory``)."""
-        directory = Path(tempfile.mkdtemp(prefix=f"policy-v{version}-"))
-        try:
-            for path, data in files.items():
-                target = directory.joinpath(*path.split("/"))
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-            self.load_version(directory, version)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        ``load_version``; False if this engine cannot take this version from memory (the caller then hands it over
+        in a directory). This default takes none; the local engine takes a single-file safetensors version of the
+        served architecture (``loads_from_memory``)."""
+        return False
 
     @abstractmethod
     def create_app(self, reloader: PolicyReloader | None = None) -> FastAPI:

@@ -52,8 +52,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# config keys that say how a checkpoint was saved, not what model it is
-_CONFIG_PROVENANCE = frozenset({"transformers_version", "_name_or_path", "torch_dtype", "dtype"})
+# config keys that say how a checkpoint was saved, not what model it is (a trainer saves use_cache false; serving
+# passes use_cache itself)
+_CONFIG_PROVENANCE = frozenset({"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache"})
 
 
 def resolve_device(device: str) -> torch.device:
@@ -274,16 +275,17 @@ class LocalEngine(Engine):
         model = load_model(directory, self.device, self.dtype)
         self.scheduler.install(ServingModel(model, version))
 
-    def load_version_files(self, files: Mapping[str, bytes], version: int) -> None:
-        """``load_version`` from memory. A version of one ``model.safetensors`` whose config is the served one's
-        (or absent) is copied into a copy of the served model: no file written, no model built from a config,
-        the same checks (every tensor present, no extra one, the same shapes). Anything else (sharded weights,
-        another config) goes through ``load_version``."""
+    def load_version_files(self, files: Mapping[str, bytes], version: int) -> bool:
+        """``load_version`` from memory: a version of one ``model.safetensors`` whose config is the served one's (or
+        absent) and whose tensors are the served model's by name is copied into a copy of the served model, with no
+        file written and no model built from a config. False for anything else (sharded weights, another config,
+        tensors named otherwise: a missing one, or names transformers converts on load), which ``load_version``
+        then builds, and checks, from a directory. ``CheckpointError`` if the version is not newer, its weights do
+        not parse, or a tensor has another shape."""
         weights, config = files.get(WEIGHTS_FILE), files.get(CONFIG_FILE)
         served = self.scheduler.serving.model
         if weights is None or (config is not None and not _same_config(config, served)):
-            super().load_version_files(files, version)
-            return
+            return False
         current = self.policy_version
         if version <= current:
             raise CheckpointError(f"version {version} is not newer than the version served ({current})")
@@ -291,10 +293,19 @@ class LocalEngine(Engine):
             tensors = safetensors.torch.load(weights)
         except Exception as exc:  # a safetensors error of any kind means "cannot load this"
             raise CheckpointError(f"cannot load the weights of version {version}: {exc}") from exc
+        if _renamed(served, tensors):
+            return False
         # a copy of the served model, not the served one: requests in flight finish on the weights they started with
         model = copy.deepcopy(served)
         copy_weights(model, tensors, f"version {version}")
         self.scheduler.install(ServingModel(model, version))
+        return True
+
+
+def _renamed(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``tensors`` are named otherwise than ``model``'s own (missing or extra names)."""
+    problems = weight_mismatch(model.state_dict(), tensors)
+    return "missing_keys" in problems or "unexpected_keys" in problems
 
 
 def _same_config(data: bytes, model: PreTrainedModel) -> bool:
@@ -310,11 +321,10 @@ def _same_config(data: bytes, model: PreTrainedModel) -> bool:
     return all(new.get(key) == served.get(key) for key in keys)
 
 
-def copy_weights(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], what: str) -> None:
-    """Copy ``tensors`` into ``model``'s own; ``CheckpointError`` (``model`` untouched) if any tensor is missing,
-    unexpected or of another shape. A tensor tied to another (one storage, e.g. tied embeddings) may be absent when
-    one of its ties is present, as ``save_pretrained`` writes it."""
-    own = model.state_dict()
+def weight_mismatch(own: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
+    """How ``tensors`` differ from a model's ``own`` state: names missing, unexpected, or of another shape (none:
+    an empty dict). A tensor tied to another (one storage, e.g. tied embeddings) may be absent when one of its ties
+    is present, as ``save_pretrained`` writes it."""
     ties: dict[tuple[int, tuple[int, ...]], list[str]] = {}
     for name, tensor in own.items():
         ties.setdefault((tensor.data_ptr(), tuple(tensor.shape)), []).append(name)
@@ -323,11 +333,18 @@ def copy_weights(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], wh
     mismatched = sorted(
         name for name, tensor in tensors.items() if name in own and tuple(tensor.shape) != tuple(own[name].shape)
     )
-    problems = {
+    return {
         kind: names
         for kind, names in (("missing_keys", missing), ("unexpected_keys", unexpected), ("mismatched_keys", mismatched))
         if names
     }
+
+
+def copy_weights(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Copy ``tensors`` into ``model``'s own; ``CheckpointError`` (``model`` untouched) if any differs from them
+    (``weight_mismatch``)."""
+    own = model.state_dict()
+    problems = weight_mismatch(own, tensors)
     if problems:
         raise CheckpointError(f"{what} does not match its architecture: {problems}")
     with torch.no_grad():

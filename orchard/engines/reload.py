@@ -8,9 +8,9 @@ served (only the newest of a polled batch is applied), it:
 1. reads the version's manifest and checks that its sha256 is the record's ``sha256`` (the record names exactly
    this manifest, which lists every file's own sha256);
 2. reads every file and checks its size and sha256: into memory for a version up to ``in_memory_bytes`` (256
-   MiB) when the engine ``loads_from_memory``, handed to its ``load_version_files``; otherwise it streams to a
-   scratch directory (``download_version(verify=True)``, no fsyncs: it is deleted once loaded), handed to
-   ``load_version`` (``orchard.engines.base.Engine``);
+   MiB) when the engine ``loads_from_memory``, handed to its ``load_version_files``; otherwise, or when the engine
+   cannot take that version from memory, it streams to a scratch directory (``download_version(verify=True)``, no
+   fsyncs: it is deleted once loaded), handed to ``load_version`` (``orchard.engines.base.Engine``);
 3. the local engine copies the weights into a *copy* of the served model (from memory; from a directory it builds a
    new model instance), checking that every tensor is present, with no extra ones, the same shapes and vocabulary,
    and installs it between two steps, requests already running finishing on the weights they started with; the
@@ -189,9 +189,8 @@ class PolicyReloader:
         start = time.perf_counter()
         try:
             manifest = self.store.read_manifest(self._artifact, version, manifest_sha256)
-            if self.engine.loads_from_memory and manifest.total_size <= self.in_memory_bytes:
-                self.engine.load_version_files(self.store.read_version_files(manifest), version)
-            else:
+            in_memory = self.engine.loads_from_memory and manifest.total_size <= self.in_memory_bytes
+            if not (in_memory and self.engine.load_version_files(self.store.read_version_files(manifest), version)):
                 self._load_from_disk(manifest, version)
         except Exception as exc:  # whatever went wrong (store, integrity, weights, memory), keep serving
             seconds = time.perf_counter() - start

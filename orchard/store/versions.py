@@ -204,12 +204,19 @@ def read_version_files(store: ArtifactStore, manifest: Manifest) -> dict[str, by
     files: dict[str, bytes] = {}
     for entry in manifest.files:
         key = prefix + entry.path
-        data = store.get_bytes(key)
-        if len(data) != entry.size:
-            raise IntegrityError(f"{key!r}: expected {entry.size} bytes, got {len(data)}")
-        if (actual := hashlib.sha256(data).hexdigest()) != entry.sha256:
+        digest, chunks, size = hashlib.sha256(), [], 0
+        with store.open_read(key) as reader:
+            for chunk in reader:
+                size += len(chunk)
+                if size > entry.size:  # never hold more than the manifest says
+                    raise IntegrityError(f"{key!r}: expected {entry.size} bytes, got more")
+                digest.update(chunk)
+                chunks.append(chunk)
+        if size != entry.size:
+            raise IntegrityError(f"{key!r}: expected {entry.size} bytes, got {size}")
+        if (actual := digest.hexdigest()) != entry.sha256:
             raise IntegrityError(f"{key!r}: expected sha256 {entry.sha256}, got {actual}")
-        files[entry.path] = data
+        files[entry.path] = b"".join(chunks)
     return files
 
 

@@ -228,3 +228,46 @@ def test_two_epochs_train_each_rounds_samples_twice_in_the_same_order_before_its
     versions = _versions(tmp_path / "twice" / "bus")
     tagged = [(v["version"], v["metrics"]["rollout_round"], v["trainer_step"]) for v in versions]
     assert tagged == [(1, 0.0, 6), (2, 1.0, 12)]
+
+
+class BehaviourRecordingTrainer(RecordingTrainer):
+    """Also records the behaviour logprobs each step trained with."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.behaviour: list[list[np.ndarray]] = []
+
+    def _train(self, step: Any) -> None:
+        self.behaviour.append([np.array(s.behaviour_logprobs, copy=True) for s in step.samples])
+        super()._train(step)
+
+
+def test_every_epoch_of_a_round_trains_with_the_trainers_logprobs_from_the_rounds_start(tmp_path: Path) -> None:
+    """The second pass's behaviour logprobs are the relabelled ones of the first (the weights the round was sampled
+    with), not the sample's own and not the weights after the first pass."""
+    root = tmp_path
+    trainer = BehaviourRecordingTrainer(
+        _config(root, epochs=2, loss={"kind": "rl", "behaviour_logprobs": "trainer"}), _orchard(root)
+    )
+    runner = threading.Thread(target=trainer.run, daemon=True)
+    runner.start()
+    records = _round_samples(0)
+    with open_bus(EmbeddedBusConfig(path=root / "bus")) as bus:
+        produce_samples(bus, "samples", records)
+    _announce(root / "bus", 0)
+    _wait(lambda: _tags(root / "bus") == [0], 120, "round 0's version")
+    trainer.request_drain()
+    runner.join(timeout=120)
+
+    from orchard.tokens import unpack_logprobs
+
+    assert len(trainer.behaviour) == 6 and trainer.batches[:3] == trainer.batches[3:]
+    first, second = trainer.behaviour[:3], trainer.behaviour[3:]
+    assert all(
+        np.array_equal(a, b)
+        for step_a, step_b in zip(first, second, strict=True)
+        for a, b in zip(step_a, step_b, strict=True)
+    )
+    sampled = {r["sample_id"]: unpack_logprobs(r["behaviour_logprobs"]) for r in records}
+    relabelled = dict(zip(trainer.batches[0], first[0], strict=True))
+    assert not any(np.array_equal(sampled[sample_id], values) for sample_id, values in relabelled.items())
