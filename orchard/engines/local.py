@@ -265,9 +265,7 @@ class LocalEngine(Engine):
         ``CheckpointError`` (and keeps serving the current version) if the version is not newer, the weights do
         not load, or the architecture or vocabulary differ from the served model's.
         """
-        current = self.policy_version
-        if version <= current:
-            raise CheckpointError(f"version {version} is not newer than the version served ({current})")
+        self._check_newer(version)
         directory = Path(directory)
         if not (directory / CONFIG_FILE).is_file():
             self._reference.save_pretrained(directory)
@@ -286,26 +284,27 @@ class LocalEngine(Engine):
         served = self.scheduler.serving.model
         if weights is None or (config is not None and not _same_config(config, served)):
             return False
-        current = self.policy_version
-        if version <= current:
-            raise CheckpointError(f"version {version} is not newer than the version served ({current})")
+        self._check_newer(version)
         try:
             tensors = safetensors.torch.load(weights)
         except Exception as exc:  # a safetensors error of any kind means "cannot load this"
             raise CheckpointError(f"cannot load the weights of version {version}: {exc}") from exc
-        if _renamed(served, tensors):
-            return False
+        problems = weight_mismatch(served.state_dict(), tensors)
+        if "missing_keys" in problems or "unexpected_keys" in problems:
+            return False  # named otherwise: from_pretrained decides
+        if problems:
+            raise CheckpointError(f"version {version} does not match its architecture: {problems}")
         # a copy of the served model, not the served one: requests in flight finish on the weights they started with
+        # (the copy has the served model's names, shapes and ties, so the check above holds for it)
         model = copy.deepcopy(served)
-        copy_weights(model, tensors, f"version {version}")
+        _assign(model.state_dict(), tensors)
         self.scheduler.install(ServingModel(model, version))
         return True
 
-
-def _renamed(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor]) -> bool:
-    """Whether ``tensors`` are named otherwise than ``model``'s own (missing or extra names)."""
-    problems = weight_mismatch(model.state_dict(), tensors)
-    return "missing_keys" in problems or "unexpected_keys" in problems
+    def _check_newer(self, version: int) -> None:
+        current = self.policy_version
+        if version <= current:
+            raise CheckpointError(f"version {version} is not newer than the version served ({current})")
 
 
 def _same_config(data: bytes, model: PreTrainedModel) -> bool:
@@ -347,6 +346,10 @@ def copy_weights(model: PreTrainedModel, tensors: Mapping[str, torch.Tensor], wh
     problems = weight_mismatch(own, tensors)
     if problems:
         raise CheckpointError(f"{what} does not match its architecture: {problems}")
+    _assign(own, tensors)
+
+
+def _assign(own: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in tensors.items():
             own[name].copy_(tensor)
