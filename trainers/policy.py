@@ -134,8 +134,8 @@ class PolicyTrainer:
           ``max_policy_lag`` it is dropped or down-weighted (``trainers.staleness``). A step left with no sample trains
           nothing, publishes nothing, but its records count as consumed.
         - **Packing.** A step's samples are sorted by key (their arrival order within the step changes nothing) and
-          packed into rows of ``batch_tokens`` with positions restarting per sample: no padding, no attention across
-          samples (``trainers.batching``).
+          packed into rows of ``batch_tokens`` (or ``row_tokens``) with positions restarting per sample: no padding,
+          no attention across samples (``trainers.batching``).
         - **The loss.** Per sample SFT (credit-weighted NLL) or RL (PPO-clipped against the behaviour logprobs, an
           optional KL to the stage's starting weights), normalised per token over the whole step, so accumulating
           over its rows gives the full-step gradient (``trainers.losses``).
@@ -272,7 +272,7 @@ class PolicyTrainer:
     def _train(self, step: Step) -> None:
         """One optimizer step on ``step.samples``: pack them into rows; forward, loss and backward per row; step."""
         start = time.perf_counter()
-        batches = pack_step(step.samples, self.config.batch_tokens, self.pad_token_id, self.config.pad_to_multiple)
+        batches = pack_step(step.samples, self.config.packed_row_tokens, self.pad_token_id, self.config.pad_to_multiple)
         normalizer = float(max(1, sum(s.num_loss_tokens for s in step.samples)))  # per token over the whole step
         outputs = [self._micro_batch(batch.to(self.device), normalizer) for batch in batches]
         grad_norm = self.backend.step()

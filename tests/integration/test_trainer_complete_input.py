@@ -37,15 +37,20 @@ SAMPLES = 22  # 40 tokens each, 4 a step (batch_tokens=160): 6 steps a pass, the
 
 
 class RecordingTrainer(PolicyTrainer):
-    """A policy trainer that records the sample ids of every step it trains."""
+    """A policy trainer that records the sample ids of every step it trains, and of every row it packs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batches: list[list[str]] = []
+        self.rows: list[list[str]] = []
 
     def _train(self, step: _Step) -> None:
         self.batches.append([s.sample_id for s in step.samples])
         super()._train(step)
+
+    def _micro_batch(self, batch: Any, normalizer: float) -> Any:
+        self.rows.append(list(batch.sample_ids))
+        return super()._micro_batch(batch, normalizer)
 
 
 def _orchard(root: Path) -> OrchardConfig:

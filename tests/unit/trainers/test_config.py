@@ -52,3 +52,10 @@ def test_schedule_warms_up_then_decays_to_the_floor() -> None:
     linear = lr_factor(ScheduleConfig(kind="linear", total_steps=10), max_steps=None)
     assert [linear(s) for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
     assert lr_factor(ScheduleConfig(), max_steps=None)(1000) == 1.0
+
+
+def test_rows_default_to_the_micro_batch_budget_and_row_tokens_zero_is_refused_by_name() -> None:
+    assert load_trainer_config(None, ["batch_tokens=2048"]).packed_row_tokens == 2048
+    assert load_trainer_config(None, ["batch_tokens=2048", "row_tokens=1"]).packed_row_tokens == 1
+    with pytest.raises(ConfigError, match="row_tokens"):
+        load_trainer_config(None, ["row_tokens=0"])
