@@ -2,9 +2,11 @@
 
 ``python -m recipes.file_lookup.setup RUN_DIR [--recipe RUN_DIR/recipe.yaml] [--train-tasks 1000] [--eval-tasks 256]
 [--seed 0] [--episodes-per-task 1] [--imperfect-fraction 0.3] [--expert-seed 0] [--files-per-task 3]
-[--keys-per-file 2] [--max-steps 6] [--hops 1]`` writes ``RUN_DIR/tasks/{train,eval}/`` and
+[--keys-per-file 2] [--max-steps 6] [--hops 1] [--validation-tasks 0]`` writes ``RUN_DIR/tasks/{train,eval}/`` and
 ``RUN_DIR/tasks/manifest.json`` (``generate``) and ``RUN_DIR/demos/plans/*.yaml`` +
-``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the train split).
+``RUN_DIR/demos/demonstrations.jsonl`` (``expert plan`` over the train split). ``--validation-tasks N`` also writes
+a validation split of ``N`` train-distribution tasks to ``RUN_DIR/validation/`` (``recipes.file_lookup.validation``;
+``overlays/validation.yaml`` evaluates every stage on it).
 
 With ``--recipe`` the options' defaults are the recipe's ``tasks:`` (every ``LookupConfig`` field by name) and
 ``expert:`` blocks (``seed``, ``episodes_per_task``, ``imperfect_fraction``), ``recipes.recipe_settings``: the recipe's
@@ -50,8 +52,11 @@ RECIPE_BLOCKS = {
 """What ``--recipe`` reads: block key -> option (``recipes.recipe_settings``)."""
 
 
-def setup(run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_per_task: int = 1) -> tuple[Path, Path]:
-    """Write the tasks and the demonstration plans under ``run_dir``; return (tasks dir, demos dir)."""
+def setup(
+    run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_per_task: int = 1, validation_tasks: int = 0
+) -> tuple[Path, Path]:
+    """Write the tasks and the demonstration plans under ``run_dir`` (and a validation split of ``validation_tasks``
+    tasks, if any); return (tasks dir, demos dir)."""
     tasks, demos = run_dir / TASKS_DIR, run_dir / DEMOS_DIR
     manifest = tasks / "manifest.json"
     if manifest.is_file():
@@ -62,6 +67,11 @@ def setup(run_dir: Path, lookup: LookupConfig, expert: ExpertConfig, episodes_pe
     else:
         generate(lookup, tasks, overwrite=True)  # a crash before the manifest leaves a partial tree: start over
     write_demonstrations(tasks / "train", demos, Expert(expert), episodes_per_task)
+    if validation_tasks:
+        # imported here: the validation module reads this module's recipe blocks for its own command line
+        from recipes.file_lookup.validation import VALIDATION_DIR, write_validation
+
+        write_validation(lookup, run_dir / VALIDATION_DIR, validation_tasks)
     return tasks, demos
 
 
@@ -74,12 +84,18 @@ def setup_arguments(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--episodes-per-task", type=int, default=1, help="Demonstrations per train task.")
     parser.add_argument("--imperfect-fraction", type=float, default=ExpertConfig().imperfect_fraction)
     parser.add_argument("--expert-seed", type=int, default=0, help="Seed of the expert's choice of kinds.")
+    parser.add_argument(
+        "--validation-tasks", type=int, default=0, help="Also write a validation split of this many tasks (0: none)."
+    )
     args = parse_with_recipe(parser, argv, RECIPE_BLOCKS)
+    if args.validation_tasks < 0:
+        parser.error(f"--validation-tasks must be 0 or more, got {args.validation_tasks}")
     return {
         "run_dir": args.run_dir,
         "lookup": model_from_options(args, LookupConfig),
         "expert": ExpertConfig(seed=args.expert_seed, imperfect_fraction=args.imperfect_fraction),
         "episodes_per_task": args.episodes_per_task,
+        "validation_tasks": args.validation_tasks,
     }
 
 

@@ -88,3 +88,35 @@ def test_the_version_curve_overlay_pins_the_engine_and_evaluates_that_version_al
     assert evaluation[evaluation.index("--stage") + 1] == "validation-v44"
     assert evaluation[evaluation.index("--tasks") + 1] == "{run_dir}/validation"
     assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
+
+
+def test_the_validation_overlay_runs_every_stage_and_evaluates_each_on_the_validation_split_only() -> None:
+    from orchard.run.config import load_run_config
+
+    folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
+    base = load_run_config(folder / "recipe.yaml", [], [])
+    config = load_run_config(folder / "recipe.yaml", [folder / "overlays" / "validation.yaml"], ["tasks.hops=2"])
+    assert [stage.name for stage in config.stages] == [stage.name for stage in base.stages]
+    setup = config.components["setup"].run
+    assert setup[setup.index("--validation-tasks") + 1] == "500"
+    assert str(config.components["eval-env"].tasks) == "{run_dir}/validation"
+    evaluations = [name for name in base.components if name.startswith("eval-") and name != "eval-env"]
+    assert len(evaluations) == 5
+    for name in evaluations:  # the recipe's command, but for the tasks it reads
+        run, held_out = config.components[name].run, base.components[name].run
+        where = run.index("--tasks") + 1
+        assert run[where] == "{run_dir}/validation" and held_out[where] == "{run_dir}/tasks/eval"
+        assert run[:where] + run[where + 1 :] == held_out[:where] + held_out[where + 1 :]
+
+
+def test_setup_writes_the_validation_split_when_asked(tmp_path: Path) -> None:
+    from recipes.file_lookup.setup import main as setup_main
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"tasks": {"seed": 3, "train_tasks": 20, "eval_tasks": 6}}))
+    assert setup_main([str(tmp_path / "run"), "--recipe", str(recipe), "--validation-tasks", "3"]) == 0
+    assert [task.task_id for task in read_split(tmp_path / "run" / "validation")] == [
+        f"file-lookup-train-{index:05d}" for index in range(20, 23)
+    ]
+    assert setup_main([str(tmp_path / "none"), "--recipe", str(recipe)]) == 0
+    assert not (tmp_path / "none" / "validation").exists()
