@@ -39,6 +39,7 @@ SHIPPED: dict[str, tuple[Path, ModuleType, dict[str, Any]]] = {
                                    max_steps=6, value_min=500),  # value_min: stop 28
             "expert": ExpertConfig(seed=0, imperfect_fraction=0.3),
             "episodes_per_task": 1,
+            "validation_tasks": 0,  # the held-out run writes no validation split (overlays/validation.yaml does)
         },
     ),
     "claw": (
@@ -128,6 +129,7 @@ def test_an_option_on_the_command_line_wins_over_the_recipe_and_what_neither_giv
         "lookup": LookupConfig(train_tasks=7, eval_tasks=20),
         "expert": ExpertConfig(seed=9),
         "episodes_per_task": 1,
+        "validation_tasks": 0,
     }
 
 
