@@ -7,7 +7,9 @@ a new stage is appended. Both files are replaced atomically. A stage's detail go
 
 Each row says how its figure was obtained (``selection``: ``first``, ``pass@K`` or ``rerank@K``) and what it cost.
 Rows written before those columns existed read back with defaults: ``selection`` is ``rerank@K`` for a row of K > 1
-samples (``--rerank`` was the only way to get one), else ``first``; the cost columns are unknown (None).
+samples (``--rerank`` was the only way to get one), else ``first``; the cost columns are unknown (None). Each row
+also records where it was measured (``environment``: Python, torch and the other libraries that round a model's
+numbers, the CPU; ``orchard.evaluation.environment``), named in the notes under the table.
 
 Each row keeps its per-task outcomes (``task_outcomes``: task id -> whether the episode that counts succeeded, the
 figures its success rate is made of), and every row after the first is compared with the row before it on their
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from orchard.evaluation.environment import describe, software_environment
 from orchard.evaluation.exceptions import ResultsError
 from orchard.evaluation.heldout import HeldoutResult
 from orchard.evaluation.paired import paired_test
@@ -67,6 +70,8 @@ class StageRow:
     wins: int | None = None
     losses: int | None = None
     p_value: float | None = None
+    environment: dict[str, str] | None = None
+    """Where the row was measured (``environment.software_environment``); None in rows written before it."""
 
     @property
     def total_tokens(self) -> int | None:
@@ -101,6 +106,7 @@ class StageRow:
             completion_tokens=None if cost is None else cost.completion_tokens,
             episode_time_s=None if cost is None else cost.episode_time_s,
             task_outcomes={task.task_id: task.chosen.success for task in result.tasks},
+            environment=software_environment(),
         )
 
     @classmethod
@@ -234,7 +240,17 @@ def _notes(rows: list[StageRow]) -> list[str]:
             "- vs previous: tasks this stage solves and the stage above fails (wins) / the reverse (losses), on the "
             "tasks both evaluated; exact p: two-sided exact McNemar test (binomial on the discordant pairs)"
         )
+    notes += _environment_notes(rows)
     return [""] + notes if notes else []
+
+
+def _environment_notes(rows: list[StageRow]) -> list[str]:
+    """One line when every row that records its environment shares it, else one per row."""
+    recorded = [row for row in rows if row.environment]
+    distinct = {describe(row.environment or {}) for row in recorded}
+    if len(distinct) == 1:
+        return [f"- measured with {distinct.pop()}"]
+    return [f"- {row.stage}: measured with {describe(row.environment or {})}" for row in recorded]
 
 
 def p_value_text(p: float | None) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from orchard.evaluation.cost import TokenCount
+from orchard.evaluation.environment import describe, software_environment
 from orchard.evaluation.exceptions import ResultsError
 from orchard.evaluation.heldout import (
     EpisodeResult,
@@ -97,6 +98,7 @@ def test_json_and_markdown_hold_the_same_rows(tmp_path: Path) -> None:
         "- sft: 1 episode(s) without outcome, counted as failures\n"
         "- vs previous: tasks this stage solves and the stage above fails (wins) / the reverse (losses), on the "
         "tasks both evaluated; exact p: two-sided exact McNemar test (binomial on the discordant pairs)\n"
+        f"- measured with {describe(software_environment())}\n"
     )
     detail = json.loads((tmp_path / "eval" / "sft.json").read_text())
     assert [t["task_id"] for t in detail["tasks"]] == ["t0", "t1", "t2", "t3"]
@@ -143,13 +145,13 @@ def test_a_pass_at_k_row_says_how_it_was_obtained_and_what_it_cost(
     assert (row.selection, row.samples_per_task, row.successes, row.pass_at_1) == ("pass@2", 2, 2, 2 / 6)
     assert (row.model_calls, row.calls_read, row.prompt_tokens, row.completion_tokens) == (18, 18, 1200, 34)
     assert row.episode_time_s == 6.0
-    assert render_markdown(rows).splitlines()[2:] == [
+    assert render_markdown([replace(row, environment=None)]).splitlines()[2:] == [
         "| pass2 | pass@2 | 3 | 66.7% (2/3) | [20.8%, 93.9%] | - | - | 33.3% | 0.667 [0.013, 1.320] | 18 | 1,234 "
         "| 7.2 |",
         "",
         "- pass2: 2 attempts per task, solved when any succeeds (pass@2); pass@1 over all attempts",
     ]
-    partial = replace(row, calls_read=10)
+    partial = replace(row, calls_read=10, environment=None)
     assert render_markdown([partial]).splitlines()[-1] == (
         "- pass2: tokens of 10 of 18 model calls only (the rest not read in time)"
     )
