@@ -22,7 +22,7 @@ from orchard.bus import Producer
 from orchard.clock import now_ms
 from orchard.codec import Codec
 from orchard.logging import get_logger
-from orchard.store import ArtifactStore, Manifest
+from orchard.store import ArtifactStore, Manifest, StoreError
 from orchard.store.versions import manifest_key
 from orchard.topics import POLICY_VERSIONS
 
@@ -62,7 +62,7 @@ def publish_weights(
                 files = {p.name: p for p in sorted(work.iterdir()) if p.is_file()}
             publish_policy_version(
                 store, producer, run_id=run_id, model=model, version=version, files=files, trainer_step=step,
-                metrics=metrics, codec=codec,
+                metrics=metrics, codec=codec, base=_previous_manifest(store, name, version),
             )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -80,13 +80,27 @@ def publish_policy_version(
     metrics: Mapping[str, float] | None = None,
     codec: Codec | None = None,
     topic: str = POLICY_VERSIONS,
+    base: Manifest | None = None,
 ) -> tuple[Manifest, dict[str, Any]]:
-    """Upload ``files`` as ``version`` and announce it; return the manifest and the record sent (acknowledged)."""
+    """Upload ``files`` as ``version`` and announce it; return the manifest and the record sent (acknowledged).
+    Files ``base`` (an earlier version) already holds are copied inside the store (``publish_version``)."""
     name = policy_artifact_name(run_id, model)
-    manifest = store.publish_version(name, version, files, {"trainer_step": trainer_step, **dict(metrics or {})})
+    meta = {"trainer_step": trainer_step, **dict(metrics or {})}
+    manifest = store.publish_version(name, version, files, meta, base=base)
     record = _version_record(store, run_id, model, version, trainer_step, metrics or {})
     producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
     return manifest, record
+
+
+def _previous_manifest(store: ArtifactStore, name: str, version: int) -> Manifest | None:
+    """The manifest of the version before ``version``, whose unchanged files (configs, tokenizer) the new one
+    reuses; None for the first version or when it is gone (collected, or never published by this store)."""
+    if version <= 1:
+        return None
+    try:
+        return store.read_manifest(name, version - 1)
+    except StoreError:
+        return None
 
 
 def _version_record(

@@ -212,7 +212,7 @@ def atomic_write(
         os.replace(tmp, path)
         tmp = None
         if durable:
-            _fsync_directory(path.parent)
+            fsync_directory(path.parent)
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc}") from exc
     finally:
@@ -222,7 +222,8 @@ def atomic_write(
     return ObjectInfo(key=path.name, size=size, sha256=digest.hexdigest())
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Make the entries of ``directory`` (a rename, a link) durable, where the filesystem allows it."""
     # The rename is durable only once the directory entry is; not every filesystem lets a directory be fsynced.
     with suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
@@ -296,6 +297,14 @@ class ArtifactStore(ABC):
     def _delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
 
+    def _copy(self, src: str, dst: str) -> None:
+        """Store ``src``'s content under ``dst`` as well; backends with a server-side copy override this."""
+        with self._open(src) as reader:
+            self._write(dst, HashingReader(reader, dst), None)
+
+    def _sync(self, prefix: str) -> None:  # noqa: B027 - a no-op default: most writes are durable when they return
+        """Make the copies made under ``prefix`` durable; a backend whose ``_copy`` defers that overrides this."""
+
     def _delete_many(self, keys: list[str]) -> None:
         """Delete ``keys``; backends with a batch delete override this."""
         for key in keys:
@@ -329,6 +338,17 @@ class ArtifactStore(ABC):
             raise SourceReadError(f"cannot read {path} to store it as {key!r}: {exc}") from exc
         with handle:
             return self.put_stream(key, handle, length=os.fstat(handle.fileno()).st_size)
+
+    def copy(self, src: str, dst: str) -> None:
+        """Store the object at ``src`` under ``dst`` too, without its bytes passing through this process where the
+        backend can (a hard link on disk, a server-side copy on S3); ``ArtifactNotFoundError`` if ``src`` is
+        missing. Like every write, ``dst`` appears whole or not at all; it is durable once ``sync`` of its prefix
+        returns (a link's directory entry is fsynced there, once for many copies)."""
+        self._copy(validate_key(src), validate_key(dst))
+
+    def sync(self, prefix: str) -> None:
+        """Make every ``copy`` to a key under ``prefix`` (a ``dir/`` prefix) durable."""
+        self._sync(validate_prefix(prefix))
 
     def put_bytes(self, key: str, data: bytes) -> ObjectInfo:
         """Store ``data`` under ``key``, for small objects such as manifests."""
@@ -385,10 +405,17 @@ class ArtifactStore(ABC):
     # Versioned artifacts, written once in orchard.store.versions on top of the primitives above.
 
     def publish_version(
-        self, name: str, version: int, files: Mapping[str, Path | Reader], metadata: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        version: int,
+        files: Mapping[str, Path | Reader],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        base: Manifest | None = None,
     ) -> Manifest:
-        """Upload ``files`` as version ``version`` of ``name``, manifest last; see ``versions.publish_version``."""
-        return _versions().publish_version(self, name, version, files, metadata)
+        """Upload ``files`` as version ``version`` of ``name``, manifest last, copying within the store the small
+        files ``base`` (an earlier version's manifest) already holds; see ``versions.publish_version``."""
+        return _versions().publish_version(self, name, version, files, metadata, base=base)
 
     def list_versions(self, name: str) -> list[int]:
         """Complete versions of ``name`` (those with a manifest), ascending."""

@@ -8,7 +8,9 @@ at worst a temporary file that listings skip. Directories emptied by deletes are
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,6 +21,7 @@ from orchard.store.base import (
     HashingReader,
     ObjectReader,
     atomic_write,
+    fsync_directory,
     iter_chunks,
 )
 from orchard.store.exceptions import ArtifactNotFoundError, StoreError
@@ -60,6 +63,26 @@ class LocalStore(ArtifactStore):
             raise StoreError(f"cannot store {key!r} in {self.location}: {exc}") from exc
         # ``length`` needs no check here: the HashingReader raises on a short source, before the rename.
         atomic_write(path, iter_chunks(source, CHUNK_SIZE))
+
+    def _copy(self, src: str, dst: str) -> None:
+        # A hard link: no bytes written, and the source's data is durable already; the new entry is once ``sync``
+        # fsyncs its directory. Where links fail (another device, a filesystem without them), the bytes are copied.
+        source, target = self._path(src), self._path(dst)
+        if not source.is_file():
+            raise ArtifactNotFoundError(f"{src!r} not found in {self.location}")
+        temporary = target.parent / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, temporary)
+            os.replace(temporary, target)
+        except OSError:
+            with suppress(OSError):
+                temporary.unlink()
+            super()._copy(src, dst)
+
+    def _sync(self, prefix: str) -> None:
+        directory = self._path(prefix.rpartition("/")[0]) if "/" in prefix else self._root
+        fsync_directory(directory)
 
     def _open(self, key: str) -> ObjectReader:
         try:

@@ -23,6 +23,7 @@ from functools import partial
 import certifi
 import urllib3
 from minio import Minio
+from minio.commonconfig import CopySource
 from minio.deleteobjects import DeleteObject
 from minio.error import InvalidResponseError, S3Error, ServerError
 from urllib3.exceptions import MaxRetryError
@@ -118,6 +119,11 @@ class S3Store(ArtifactStore):
                 part_size=self._config.part_size,
                 num_parallel_uploads=self._config.parallel_uploads,
             )
+
+    def _copy(self, src: str, dst: str) -> None:
+        # server-side: the bytes never leave the server (a single CopyObject, for objects up to 5 GiB)
+        with self._errors(f"copying {src!r} to {dst!r}", src):
+            self._client.copy_object(self._bucket, dst, CopySource(self._bucket, src))
 
     def _open(self, key: str) -> ObjectReader:
         with self._errors(f"reading {key!r}", key):

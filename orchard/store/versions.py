@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 VERSION_DIGITS = 10
 MAX_VERSION = 10**VERSION_DIGITS - 1
+REUSE_MAX_BYTES = 16 * 2**20
+"""Largest file ``publish_version`` compares with its base version's (hashing it once more): configs and tokenizers
+are small and the same every version; weights are large and change every version, so they are not compared."""
 _VERSION_DIR = re.compile(rf"v(\d{{{VERSION_DIGITS}}})")
 _METADATA = TypeAdapter(dict[str, JsonValue])
 
@@ -76,10 +79,15 @@ def publish_version(
     version: int,
     files: Mapping[str, Path | Reader],
     metadata: Mapping[str, Any] | None = None,
+    *,
+    base: Manifest | None = None,
 ) -> Manifest:
     """Upload ``files`` (path inside the version -> local file or reader) as ``version`` of ``name``.
 
-    Each file is streamed up while its size and sha256 are computed, then the manifest is written last. Publishing
+    Each file is streamed up while its size and sha256 are computed, then the manifest is written last. With
+    ``base`` (an earlier version's manifest, e.g. the one before), a local file of up to ``REUSE_MAX_BYTES`` whose
+    path, size and sha256 equal one of ``base``'s is copied inside the store (``ArtifactStore.copy``: a hard link on
+    disk) instead of uploaded: a trainer's configs and tokenizer files, the same in every version. Publishing
     a version that already has a manifest raises ``VersionExistsError``; leftovers of an earlier failed attempt
     are removed first. If anything fails, no manifest exists, this version's uploaded files are deleted (best
     effort) and the ``StoreError`` propagates.
@@ -95,7 +103,10 @@ def publish_version(
         _log.warning("removed leftovers of an unfinished publication", name=name, version=version, keys=leftovers)
     start = perf_counter()
     try:
-        entries = tuple(_upload(store, prefix, path, source) for path, source in sources)
+        reused = {path: _reuse(store, prefix, path, source, base) for path, source in sources}
+        entries = tuple(reused[path] or _upload(store, prefix, path, source) for path, source in sources)
+        if any(reused.values()):
+            store.sync(prefix)  # the copies are durable before the manifest names them
         manifest = Manifest(name=name, version=version, created_at=datetime.now(UTC), files=entries, metadata=meta)
         store.put_bytes(key, manifest.to_json())
     except Exception:
@@ -133,6 +144,32 @@ def _check_metadata(name: str, version: int, metadata: Mapping[str, Any] | None)
         return _METADATA.validate_python(dict(metadata or {}))
     except ValidationError as exc:
         raise ValueError(f"metadata of {name} v{version} must be JSON-serialisable: {exc}") from exc
+
+
+def _reuse(
+    store: ArtifactStore, prefix: str, path: str, source: Path | Reader, base: Manifest | None
+) -> ManifestFile | None:
+    """``path``'s entry when ``base`` holds the same content and it was copied from there; else None (upload it)."""
+    if base is None or not isinstance(source, Path):
+        return None
+    stored = next((entry for entry in base.files if entry.path == path), None)
+    try:
+        size = source.stat().st_size
+        if stored is None or stored.size != size or size > REUSE_MAX_BYTES or _sha256(source) != stored.sha256:
+            return None
+        store.copy(version_prefix(base.name, base.version) + path, prefix + path)
+    except (OSError, StoreError) as exc:  # e.g. the base version was collected meanwhile: upload it instead
+        _log.debug("file not reused from the base version", path=path, base=base.version, error=str(exc))
+        return None
+    return ManifestFile(path=path, size=size, sha256=stored.sha256)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _upload(store: ArtifactStore, prefix: str, path: str, source: Path | Reader) -> ManifestFile:

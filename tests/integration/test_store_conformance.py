@@ -299,3 +299,50 @@ def test_a_scratch_download_is_complete_and_verified_without_fsyncs(
         store.download_version("policy", 1, tmp_path / "again", durable=False)
     with pytest.raises(ValueError, match="the manifest given is policy v1, not policy v2"):
         store.download_version("policy", 2, tmp_path / "other", manifest=manifest)
+
+
+def test_copy_stores_the_same_bytes_under_a_second_key_and_a_missing_source_is_refused(store: ArtifactStore) -> None:
+    store.put_bytes("a/config.json", b'{"n": 1}')
+
+    store.copy("a/config.json", "b/config.json")
+    store.sync("b/")
+
+    assert store.get_bytes("b/config.json") == b'{"n": 1}'
+    store.delete("a/config.json")
+    assert store.get_bytes("b/config.json") == b'{"n": 1}'  # a copy, not a reference that dies with its source
+    with pytest.raises(ArtifactNotFoundError):
+        store.copy("a/config.json", "c/config.json")
+    assert not store.exists("c/config.json")
+
+
+def test_a_version_reuses_its_bases_unchanged_small_files_and_uploads_the_rest(
+    store: ArtifactStore, weights: Callable[[str, bytes], Path], tmp_path: Path
+) -> None:
+    tokenizer, config = weights("tokenizer.json", b'{"vocab": 2}'), weights("config.json", b'{"layers": 2}')
+    first = store.publish_version("policy", 1, {"w": weights("w1", b"weights 1"), "tokenizer.json": tokenizer,
+                                                "config.json": config}, {})  # fmt: skip
+    config_v2 = weights("config2.json", b'{"layers": 3}')  # same path, other content: uploaded
+    second = store.publish_version(
+        "policy", 2, {"w": weights("w2", b"weights 2"), "tokenizer.json": tokenizer, "config.json": config_v2}, {},
+        base=first,
+    )  # fmt: skip
+
+    dest = tmp_path / "engine"
+    assert store.download_version("policy", 2, dest, verify=True) == second
+    assert {p.name: p.read_bytes() for p in dest.iterdir() if p.name != "manifest.json"} == {
+        "w": b"weights 2", "tokenizer.json": b'{"vocab": 2}', "config.json": b'{"layers": 3}',
+    }  # fmt: skip
+    store.gc("policy", keep_last=1)  # the base gone, the reused file stays
+    assert store.get_bytes("policy/v0000000002/tokenizer.json") == b'{"vocab": 2}'
+
+
+def test_a_base_version_collected_before_publication_means_its_files_are_uploaded_again(
+    store: ArtifactStore, weights: Callable[[str, bytes], Path]
+) -> None:
+    tokenizer = weights("tokenizer.json", b'{"vocab": 2}')
+    first = store.publish_version("policy", 1, {"tokenizer.json": tokenizer}, {})
+    store.delete_prefix("policy/v0000000001/")
+
+    second = store.publish_version("policy", 2, {"tokenizer.json": tokenizer}, {}, base=first)
+
+    assert store.read_version_files(second) == {"tokenizer.json": b'{"vocab": 2}'}

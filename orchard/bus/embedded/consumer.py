@@ -10,6 +10,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from orchard.bus.base import Consumer, Record, StartPosition, TopicPartition
+from orchard.bus.embedded import wakeup
 from orchard.bus.embedded.groups import GroupMembership, GroupOffsets
 from orchard.bus.exceptions import BusError, ConsumerClosedError, TransactionError
 from orchard.logging import get_logger
@@ -94,11 +95,14 @@ class EmbeddedConsumer(Consumer):
         self._check_open()
         deadline = time.monotonic() + timeout_s
         while True:
+            seen = wakeup.generation()  # before the look, so an append during it is not slept through
             self._rebalance()
             out = self._read_round(max_records)
-            if out or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if out or now >= deadline:
                 return out
-            time.sleep(POLL_SLEEP_S)
+            # an append in this process wakes it at once; another process's is seen within POLL_SLEEP_S
+            wakeup.wait(seen, min(POLL_SLEEP_S, deadline - now))
 
     def _read_round(self, max_records: int) -> list[Record]:
         out: list[Record] = []

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchard import clock
+from orchard.bus.embedded import wakeup
 from orchard.bus.embedded.compaction import NOTHING, CompactionPolicy, CompactionResult, Compactor
 from orchard.bus.embedded.frames import (
     FRAME_HEAD,
@@ -211,7 +212,9 @@ class PartitionLog:
             os.close(fd)
 
     def after_append(self) -> None:
-        """Compact if an append rolled a segment (never raises: its records are written whatever happens here)."""
+        """Wake this process's waiting consumers; compact if an append rolled a segment (never raises: its records
+        are written whatever happens here)."""
+        wakeup.notify()
         if not self._rolled:
             return
         self._rolled = False

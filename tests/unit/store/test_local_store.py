@@ -21,6 +21,7 @@ from orchard.store import (
     StoreError,
     VersionExistsError,
     open_store,
+    versions,
 )
 from orchard.store.base import CHUNK_SIZE, TEMP_PREFIX, validate_key, validate_prefix
 from orchard.store.local import LocalStore
@@ -284,3 +285,34 @@ def test_missing_version(store: LocalStore, tmp_path: Path) -> None:
     with pytest.raises(ArtifactNotFoundError, match="policy v1 does not exist in file://"):
         store.download_version("policy", 1, tmp_path / "engine")
     assert not (tmp_path / "engine").exists()
+
+
+def test_a_reused_file_is_a_hard_link_to_the_base_versions_and_large_files_are_never_compared(
+    store: LocalStore, source: Callable[[str, bytes], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = b"\x01" * (versions.REUSE_MAX_BYTES + 1)
+    files = {"tokenizer.json": source("t", b"{}"), "w": source("w", big)}
+    first = store.publish_version("policy", 1, files, {})
+    hashed: list[Path] = []
+    monkeypatch.setattr(versions, "_sha256", lambda path: hashed.append(path) or sha256(path.read_bytes()))
+
+    store.publish_version("policy", 2, files, {}, base=first)
+
+    v1, v2 = store.root / "policy" / "v0000000001", store.root / "policy" / "v0000000002"
+    assert (v2 / "tokenizer.json").stat().st_ino == (v1 / "tokenizer.json").stat().st_ino
+    assert (v2 / "w").stat().st_ino != (v1 / "w").stat().st_ino  # uploaded: over REUSE_MAX_BYTES
+    assert hashed == [files["tokenizer.json"]]
+
+
+def test_where_hard_links_fail_a_copy_writes_the_bytes(store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.put_bytes("a/x", b"payload")
+
+    def refuse(*args: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", refuse)
+    store.copy("a/x", "b/x")
+
+    assert store.get_bytes("b/x") == b"payload"
+    assert (store.root / "b" / "x").stat().st_nlink == 1
+    assert [p.name for p in (store.root / "b").iterdir()] == ["x"]  # no temporary left behind
