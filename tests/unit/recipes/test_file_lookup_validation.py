@@ -59,14 +59,14 @@ def test_the_ablation_overlay_runs_through_b_then_rl_each_evaluated_on_the_valid
     from orchard.run.config import load_run_config
 
     folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
-    sets = ["templates.rl-trainer.set.2=lr=1e-4", "components.rollout-rl.rounds=16"]
+    sets = ["components.trainer-rl.params.lr=5e-5", "components.rollout-rl.rounds=16"]
     config = load_run_config(folder / "recipe.yaml", [folder / "overlays" / "ablation.yaml"], sets)
     assert [stage.name for stage in config.stages] == [
         "setup", "demos", "sft-successful", "credit-samples", "credit-sft", "validation-credit-sft", "rl-bar",
         "validation-rl-bar",
     ]  # fmt: skip
     trainer = config.components["trainer-rl"].set
-    assert trainer[2] == "lr=1e-4"  # the README's rows set the lr, the schedule and skip_zero_advantage by index
+    assert trainer[2] == "lr=5e-5"  # a param (stop 38); README rows set others by index
     assert trainer[3].startswith("schedule=") and trainer[12] == "loss.skip_zero_advantage=true"
     assert config.components["rollout-rl"].rounds == 16
     assert sorted(set(config.components) - config.staged()) == ["assembler", "engine"]  # nothing else runs
@@ -120,3 +120,19 @@ def test_setup_writes_the_validation_split_when_asked(tmp_path: Path) -> None:
     ]
     assert setup_main([str(tmp_path / "none"), "--recipe", str(recipe)]) == 0
     assert not (tmp_path / "none" / "validation").exists()
+
+
+def test_the_budget_overlay_caps_the_sft_steps_halves_the_rl_rounds_and_the_dense_lr_and_changes_nothing_else() -> None:
+    from orchard.run.config import load_run_config
+
+    folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
+    shipped = load_run_config(folder / "recipe.yaml", [], [])
+    budget = load_run_config(folder / "recipe.yaml", [folder / "overlays" / "budget.yaml"], [])
+
+    assert "max_steps=300" in budget.components["trainer"].set
+    assert "max_steps=400" in budget.components["trainer-credit"].set
+    assert (shipped.components["rollout-rl"].rounds, budget.components["rollout-rl"].rounds) == (32, 16)
+    assert "lr=5e-5" in budget.components["trainer-dense"].set and "lr=1e-4" in budget.components["trainer-rl"].set
+    changed = {name for name in shipped.components if shipped.components[name] != budget.components[name]}
+    assert changed == {"trainer", "trainer-credit", "rollout-rl", "trainer-dense"}
+    assert [stage.name for stage in budget.stages] == [stage.name for stage in shipped.stages]
