@@ -165,11 +165,8 @@ def _reuse(
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _upload(store: ArtifactStore, prefix: str, path: str, source: Path | Reader) -> ManifestFile:
