@@ -15,7 +15,8 @@ Orchard's side is its real path, in one process: a ``LocalEngine`` samples each 
 serves; the sampler scores them, turns each completion into an RL ``TrainingSample`` (group-relative advantage,
 the engine's behaviour logprobs, loss mask on the completion) and produces it to the ``samples`` topic of an
 embedded bus; ``PolicyTrainer.run`` (a thread, its own bus and store handles) consumes them, takes one optimizer step
-per step's samples, publishes every version to a local store and a ``PolicyVersion`` to the bus; a
+per step's samples (one padded micro-batch, ``layout: padded``), publishes every version to a local store
+(``--store-fsync never``: without fsyncs, as the embedded bus by default) and a ``PolicyVersion`` to the bus; a
 ``PolicyReloader`` fetches, verifies and installs each version in the engine. With ``--max-lag 0`` (the default,
 on-policy like TRL) the sampler waits for version ``k`` before sampling step ``k``; with ``--max-lag 1`` it samples
 step ``k`` from version ``k - 1`` while the trainer trains step ``k - 1`` (Orchard's asynchronous mode; the PPO
@@ -35,7 +36,7 @@ Matched settings: the warm start and the prompt sequence; ``--group`` completion
 which scales up the step of a batch with many uniform groups).
 
     python benchmarks/rl_vs_trl.py [--episodes 6400] [--group 8] [--prompts-per-step 4] [--lr 1e-3] [--seed 0]
-                                   [--max-lag 0] [--repeats 2] [--model tiny-llama-micro]
+                                   [--max-lag 0] [--store-fsync always] [--repeats 2] [--model tiny-llama-micro]
                                    [--out .orchard/bench/rl_vs_trl.png]
 """
 
@@ -51,7 +52,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -106,6 +107,7 @@ class Settings:
     lr: float
     seed: int
     max_lag: int
+    store_fsync: Literal["always", "never"] = "always"
 
     @property
     def batch(self) -> int:
@@ -152,7 +154,7 @@ def trainer_config(settings: Settings, checkpoint: Path, run_dir: Path) -> Polic
     return PolicyTrainerConfig(
         model=CheckpointModelSource(path=checkpoint), model_name=MODEL_NAME, lr=settings.lr,
         batch_tokens=settings.batch * (PROMPT_TOKENS + MAX_NEW_TOKENS), grad_accum=1, grad_clip=1.0,
-        loss={"kind": "rl", "clip_eps": CLIP_EPS}, publish_every=1, checkpoint_every=settings.steps,
+        loss={"kind": "rl", "clip_eps": CLIP_EPS}, layout="padded", publish_every=1, checkpoint_every=settings.steps,
         max_steps=settings.steps, idle_flush_s=600.0, poll_timeout_s=0.02, cpu_threads=1, device="cpu",
         seed=settings.seed, run_dir=run_dir,
     )  # fmt: skip
@@ -240,8 +242,9 @@ def run_orchard(settings: Settings, checkpoint: Path, prompts: list[Prompt], hel
     with tempfile.TemporaryDirectory(prefix="rl-vs-trl-orchard-") as tmp:
         root = Path(tmp)
         orchard = OrchardConfig(
-            run_id=RUN_ID, bus=EmbeddedBusConfig(path=root / "bus"), store=LocalStoreConfig(path=root / "store")
-        )
+            run_id=RUN_ID, bus=EmbeddedBusConfig(path=root / "bus"),
+            store=LocalStoreConfig(path=root / "store", fsync=settings.store_fsync),
+        )  # fmt: skip
         began = time.perf_counter()
         engine = LocalEngine(checkpoint, model_name=MODEL_NAME, max_batch_size=settings.batch, cpu_threads=1)
         reloader = PolicyReloader(
@@ -453,6 +456,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         steps=args.episodes // (args.group * args.prompts_per_step), group=args.group,
         prompts_per_step=args.prompts_per_step, lr=args.lr, seed=args.seed, max_lag=args.max_lag,
+        store_fsync=args.store_fsync,
     )  # fmt: skip
     if settings.steps < POINTS:
         raise SystemExit(f"--episodes {args.episodes} gives {settings.steps} steps; at least {POINTS} are needed")
@@ -464,7 +468,8 @@ def run(args: argparse.Namespace) -> int:
         warm = greedy_success(AutoModelForCausalLM.from_pretrained(checkpoint), tokenizer, held_out)
         print(f"{settings.steps} steps x {settings.batch} episodes ({settings.prompts_per_step} prompts x group "
               f"{settings.group}), lr {settings.lr}, seed {settings.seed}, model {args.model}, Orchard max lag "
-              f"{settings.max_lag}; both start from the same warm start: {args.model} from seed {args.seed}, "
+              f"{settings.max_lag}, store fsync {settings.store_fsync}; both start from the same warm start: "
+              f"{args.model} from seed {args.seed}, "
               "briefly fine-tuned to answer a random digit")  # fmt: skip
         ours, theirs = fastest_runs(settings, checkpoint, prompts, held_out, args.repeats)
     report(settings, (ours, theirs), warm)
@@ -494,6 +499,12 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="Constant AdamW learning rate of both trainers.")
     parser.add_argument("--seed", type=int, default=0, help="Model, warm start, prompts, sampling, trainers.")
     parser.add_argument("--max-lag", type=int, default=0, help="Orchard: versions a sample may lag (0: on-policy).")
+    parser.add_argument(
+        "--store-fsync",
+        choices=["always", "never"],
+        default="always",
+        help="Orchard's local store: fsync every write (its default) or leave flushing to the OS.",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="Interleaved runs of each trainer; the fastest counts.")
     parser.add_argument("--model", default="tiny-llama-micro", help="Tiny-family model (orchard.engines.tiny).")
     parser.add_argument("--out", type=Path, default=Path(".orchard/bench/rl_vs_trl.png"), help="PNG of the curves.")

@@ -192,6 +192,12 @@ class LocalStoreConfig(_Strict):
 
     type: Literal["local"] = "local"
     path: Path = Field(DEFAULT_HOME / "store", description="Root directory of artifacts.")
+    fsync: Literal["always", "never"] = Field(
+        "always",
+        description="'always' fsyncs every write and its directory before it returns (survives power loss); "
+        "'never' leaves flushing to the OS, as the embedded bus does by default (writes stay atomic; they survive "
+        "a killed process, not a lost machine).",
+    )
 
 
 class S3StoreConfig(_Strict):

@@ -168,8 +168,16 @@ class PolicyTrainerConfig(_Strict):
         "row's attention costs the square of its length, masked across its samples: on one core a 9-sample step of "
         "3,900 tokens took 2.0 s in one row and 0.7 s in rows of one sample. Steps and their gradient do not change.",
     )
+    layout: Literal["packed", "padded"] = Field(
+        "packed",
+        description="How a micro-batch holds its samples (trainers/batching.py). packed: concatenated into one row, "
+        "no padding, attention over the whole row unless FlashAttention takes the row as variable-length sequences. "
+        "padded: one row per sample, padded to the longest, batch_tokens counting the padding; attention per sample. "
+        "On the CPU a step of 32 ten-token samples took 11.3 ms padded and 13.8 ms packed; 9 samples of 430 tokens "
+        "1.2 s padded, 3.9 s packed, 1.3 s in rows of one sample.",
+    )
     pad_to_multiple: int = Field(
-        1, ge=1, description="Pad each packed row to a multiple of this (steadier shapes for torch.compile)."
+        1, ge=1, description="Pad each row to a multiple of this (steadier shapes for torch.compile)."
     )
     max_sample_tokens: int | None = Field(
         None, ge=2, description="Longer samples are skipped and counted (default: the model's context length)."
@@ -278,6 +286,8 @@ class PolicyTrainerConfig(_Strict):
         if isinstance(self.backend, DeepSpeedBackendConfig) and self.compile:
             raise ValueError("compile: torch.compile is configured through backend.config with the deepspeed backend")
         self._check_trainer_logprobs()
+        if self.layout == "padded" and self.row_tokens is not None:
+            raise ValueError("row_tokens: caps a packed row; with layout: padded every sample is a row of its own")
         if self.input == "complete":
             self._check_complete_input()
         elif self.input == "rounds":

@@ -50,7 +50,7 @@ from trainers.model import load_policy_model, load_policy_tokenizer, resolve_dev
 from trainers.round_input import RoundSource
 from trainers.sample_source import SampleSource, Step, StreamSource
 from trainers.stage_input import CompleteSource
-from trainers.weights import publish_weights
+from trainers.weights import WeightPublisher
 
 log = get_logger("trainers.policy")
 
@@ -133,9 +133,10 @@ class PolicyTrainer:
         - **Staleness.** Each sample's lag behind the trainer's policy version is judged when it enters a step; past
           ``max_policy_lag`` it is dropped or down-weighted (``trainers.staleness``). A step left with no sample trains
           nothing, publishes nothing, but its records count as consumed.
-        - **Packing.** A step's samples are sorted by key (their arrival order within the step changes nothing) and
-          packed into rows of ``batch_tokens`` (or ``row_tokens``) with positions restarting per sample: no padding,
-          no attention across samples (``trainers.batching``).
+        - **Micro-batches.** A step's samples are sorted by key (their arrival order within the step changes
+          nothing) and packed into rows of ``batch_tokens`` (or ``row_tokens``) with positions restarting per
+          sample, or with ``layout: padded`` padded into batches of one sample per row; either way no attention
+          across samples (``trainers.batching``).
         - **The loss.** Per sample SFT (credit-weighted NLL) or RL (PPO-clipped against the behaviour logprobs, an
           optional KL to the stage's starting weights), normalised per token over the whole step, so accumulating
           over its rows gives the full-step gradient (``trainers.losses``).
@@ -235,6 +236,9 @@ class PolicyTrainer:
             reference.requires_grad_(False)
             self.reference = reference
         self.backend = open_backend(model, self.config, self.device)
+        self.publisher = WeightPublisher(self.store, self.backend.export, self.tokenizer,
+                                         scratch=self.config.run_dir / "scratch", run_id=self.run_id,
+                                         model=self.config.model_name, codec=self.codec)  # fmt: skip
 
     def _create_topics(self) -> None:
         for topic in (self.config.topic, POLICY_VERSIONS, DEAD_LETTERS):
@@ -272,7 +276,8 @@ class PolicyTrainer:
     def _train(self, step: Step) -> None:
         """One optimizer step on ``step.samples``: pack them into rows; forward, loss and backward per row; step."""
         start = time.perf_counter()
-        batches = pack_step(step.samples, self.config.packed_row_tokens, self.pad_token_id, self.config.pad_to_multiple)
+        batches = pack_step(step.samples, self.config.packed_row_tokens, self.pad_token_id, self.config.pad_to_multiple,
+                            layout=self.config.layout)  # fmt: skip
         normalizer = float(max(1, sum(s.num_loss_tokens for s in step.samples)))  # per token over the whole step
         outputs = [self._micro_batch(batch.to(self.device), normalizer) for batch in batches]
         grad_norm = self.backend.step()
@@ -349,10 +354,9 @@ class PolicyTrainer:
     def _publish(self, producer: Producer, extra: dict[str, float] | None = None) -> None:
         version = self.policy_version + 1
         start = time.perf_counter()
-        publish_weights(
-            self.store, producer, self.backend.export, self.tokenizer, scratch=self.config.run_dir / "scratch",
-            run_id=self.run_id, model=self.config.model_name, version=version, step=self.step,
-            metrics={**{k: float(v) for k, v in self._step_metrics().items()}, **(extra or {})}, codec=self.codec,
+        self.publisher.publish(
+            producer, version=version, step=self.step,
+            metrics={**{k: float(v) for k, v in self._step_metrics().items()}, **(extra or {})},
         )  # fmt: skip
         self.policy_version = version
         self._last_published_step = self.step

@@ -4,7 +4,7 @@ The record is sent only after the manifest exists, so an engine that sees the re
 version; the record carries the sha256 of the manifest document, which lists every file's own sha256.
 
 A version re-published after a crash (the previous process published it after its last checkpoint) already exists
-in the store: ``publish_weights`` keeps the stored files and announces the version again (engines ignore versions
+in the store: ``WeightPublisher`` keeps the stored files and announces the version again (engines ignore versions
 that are not newer than the one they serve).
 """
 
@@ -32,40 +32,71 @@ if TYPE_CHECKING:
 log = get_logger("trainers.weights")
 
 
-def publish_weights(
-    store: ArtifactStore,
-    producer: Producer,
-    export: Callable[[Path], dict[str, Path]],
-    tokenizer: PreTrainedTokenizerBase | None,
-    *,
-    scratch: Path,
-    run_id: str,
-    model: str,
-    version: int,
-    step: int,
-    metrics: Mapping[str, float],
-    codec: Codec,
-) -> None:
-    """Publish a trainer's weights as ``version``: ``export`` writes them (the tokenizer is saved beside them) into a
-    directory under ``scratch``, which is uploaded and announced; a version already in the store is announced again."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"export-v{version}-", dir=scratch))
-    try:
-        name = policy_artifact_name(run_id, model)
-        if store.exists(manifest_key(name, version)):
-            announce_published_version(store, producer, run_id=run_id, model=model, version=version, step=step,
-                                       codec=codec)  # fmt: skip
-        else:
-            files = export(work)
-            if tokenizer is not None:  # AutoTokenizer loads a published version as AutoModel does
-                tokenizer.save_pretrained(work)
-                files = {p.name: p for p in sorted(work.iterdir()) if p.is_file()}
-            publish_policy_version(
-                store, producer, run_id=run_id, model=model, version=version, files=files, trainer_step=step,
-                metrics=metrics, codec=codec, base=_previous_manifest(store, name, version),
+class WeightPublisher:
+    """Publishes one trainer's versions, keeping what does not change between them.
+
+    Each version is ``export``'s files (written into a fresh directory under ``scratch``) plus the tokenizer's
+    (AutoTokenizer loads a published version as AutoModel does), which are saved once, not per version. The manifest
+    of the version it published last is the base whose unchanged files the next one copies inside the store; after a
+    restart the previous version's manifest is read back instead. A version already in the store (published by an
+    earlier process of the trainer after its last checkpoint) is announced again, its files kept.
+    """
+
+    def __init__(
+        self,
+        store: ArtifactStore,
+        export: Callable[[Path], dict[str, Path]],
+        tokenizer: PreTrainedTokenizerBase | None,
+        *,
+        scratch: Path,
+        run_id: str,
+        model: str,
+        codec: Codec,
+    ) -> None:
+        self.store, self.export, self.tokenizer = store, export, tokenizer
+        self.scratch, self.run_id, self.model, self.codec = scratch, run_id, model, codec
+        self.name = policy_artifact_name(run_id, model)
+        self._tokenizer_files: dict[str, Path] | None = None
+        self._last: Manifest | None = None
+
+    def publish(self, producer: Producer, *, version: int, step: int, metrics: Mapping[str, float]) -> None:
+        """Publish the weights ``export`` writes now as ``version`` (or announce it again if already stored)."""
+        if self.store.exists(manifest_key(self.name, version)):
+            announce_published_version(self.store, producer, run_id=self.run_id, model=self.model, version=version,
+                                       step=step, codec=self.codec)  # fmt: skip
+            return
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"export-v{version}-", dir=self.scratch))
+        try:
+            files = {**self.export(work), **self._tokenizer()}
+            self._last, _ = publish_policy_version(
+                self.store, producer, run_id=self.run_id, model=self.model, version=version, files=files,
+                trainer_step=step, metrics=metrics, codec=self.codec, base=self._base(version),
             )  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _tokenizer(self) -> dict[str, Path]:
+        if self.tokenizer is None:
+            return {}
+        if self._tokenizer_files is None:
+            directory = self.scratch / "tokenizer"
+            shutil.rmtree(directory, ignore_errors=True)  # an earlier process's, maybe half written
+            self.tokenizer.save_pretrained(directory)
+            self._tokenizer_files = {p.name: p for p in sorted(directory.iterdir()) if p.is_file()}
+        return self._tokenizer_files
+
+    def _base(self, version: int) -> Manifest | None:
+        """The previous version's manifest, whose unchanged files (configs, tokenizer) the new one reuses; None for
+        the first version or when it is gone (collected, or never published by this store)."""
+        if self._last is not None and self._last.version == version - 1:
+            return self._last
+        if version <= 1:
+            return None
+        try:
+            return self.store.read_manifest(self.name, version - 1)
+        except StoreError:
+            return None
 
 
 def publish_policy_version(
@@ -87,33 +118,30 @@ def publish_policy_version(
     name = policy_artifact_name(run_id, model)
     meta = {"trainer_step": trainer_step, **dict(metrics or {})}
     manifest = store.publish_version(name, version, files, meta, base=base)
-    record = _version_record(store, run_id, model, version, trainer_step, metrics or {})
+    record = _version_record(store, run_id, model, version, trainer_step, metrics or {}, manifest.to_json())
     producer.send(topic, (codec or Codec.default()).encode("PolicyVersion", record), key=model.encode())
     return manifest, record
 
 
-def _previous_manifest(store: ArtifactStore, name: str, version: int) -> Manifest | None:
-    """The manifest of the version before ``version``, whose unchanged files (configs, tokenizer) the new one
-    reuses; None for the first version or when it is gone (collected, or never published by this store)."""
-    if version <= 1:
-        return None
-    try:
-        return store.read_manifest(name, version - 1)
-    except StoreError:
-        return None
-
-
 def _version_record(
-    store: ArtifactStore, run_id: str, model: str, version: int, trainer_step: int, metrics: Mapping[str, float]
+    store: ArtifactStore,
+    run_id: str,
+    model: str,
+    version: int,
+    trainer_step: int,
+    metrics: Mapping[str, float],
+    manifest_document: bytes | None = None,
 ) -> dict[str, Any]:
-    """The PolicyVersion record of ``version``, already in the store (its manifest's sha256 read back from it)."""
+    """The PolicyVersion record of ``version``, already in the store: the sha256 of its manifest document, as just
+    written (``manifest_document``) or read back from the store."""
     key = manifest_key(policy_artifact_name(run_id, model), version)
+    document = manifest_document if manifest_document is not None else store.get_bytes(key)
     return {
         "run_id": run_id,
         "model": model,
         "version": version,
         "uri": f"{store.location}/{key}",
-        "sha256": hashlib.sha256(store.get_bytes(key)).hexdigest(),
+        "sha256": hashlib.sha256(document).hexdigest(),
         "trainer_step": trainer_step,
         "metrics": dict(metrics),
         "created_at": now_ms(),

@@ -12,7 +12,9 @@ Continuous batching, one step at a time:
 
 A new policy version (``install``) becomes current between two steps. From then on new requests join a cohort on
 the new weights, while the cohort on the old weights keeps stepping until its last sequence finishes and is then
-dropped: a request always finishes on the version it started with, and no request waits for a drain.
+dropped: a request always finishes on the version it started with, and no request waits for a drain. The weights of
+the newest version that no cohort steps on any more are kept as a spare (``take_spare``), so that a reload can
+overwrite them instead of allocating a copy of the model.
 
 The queue is a lock-protected deque bounded by ``max_queue`` (an ``asyncio.Queue`` cannot be read from the worker
 thread); ``submit`` on a full queue raises ``EngineOverloadedError`` (HTTP 503). Events cross back to asyncio with
@@ -206,6 +208,8 @@ class BatchScheduler:
         self.stats = SchedulerStats()
         self._current = serving
         self._pending: ServingModel | None = None
+        self._retiring: list[ServingModel] = []  # replaced versions, until no cohort steps on them
+        self._spare: ServingModel | None = None
         self._cohorts: list[_Cohort] = []
         self._queue: deque[GenerationHandle] = deque()
         self._wake = threading.Condition()
@@ -263,8 +267,17 @@ class BatchScheduler:
     def install(self, serving: ServingModel) -> None:
         """Serve ``serving`` to requests admitted from the next step on (thread-safe)."""
         with self._wake:
+            if self._pending is not None:  # replaced before it served a request
+                self._retiring.append(self._pending)
             self._pending = serving
             self._wake.notify()
+
+    def take_spare(self) -> PreTrainedModel | None:
+        """The model of a replaced version that no request uses any more, now the caller's to overwrite (at most
+        one is kept: the newest); None if there is none (thread-safe)."""
+        with self._wake:
+            spare, self._spare = self._spare, None
+        return spare.model if spare is not None else None
 
     # -------------------------------------------------------------------------------------------- worker thread
     def _run(self) -> None:
@@ -280,10 +293,21 @@ class BatchScheduler:
             for cohort in list(self._cohorts):
                 self._step_guarded(cohort)
             self._cohorts = [c for c in self._cohorts if c.running or c.joining or c.serving is self._current]
+            if self._retiring:
+                self._keep_drained()
+
+    def _keep_drained(self) -> None:
+        in_use = {id(c.serving) for c in self._cohorts}
+        with self._wake:
+            drained = [s for s in self._retiring if id(s) not in in_use]
+            if drained:
+                self._retiring = [s for s in self._retiring if id(s) in in_use]
+                self._spare = drained[-1]
 
     def _switch_version(self) -> None:
         if self._pending is not None:
             previous, self._current, self._pending = self._current, self._pending, None
+            self._retiring.append(previous)
             log.info("policy version installed", version=self._current.version, previous=previous.version)
 
     def _admit(self) -> None:

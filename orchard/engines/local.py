@@ -233,8 +233,8 @@ class LocalEngine(Engine):
 
         Blocking (a forward pass): call it from a worker thread, not the event loop.
         """
-        serving = self.scheduler.serving
-        with self._score_lock:
+        with self._score_lock:  # a reload overwrites a spare model only under this lock (load_version_files)
+            serving = self.scheduler.serving
             return score_sequence(serving.model, token_ids, top_n), serving.version
 
     def completion_budget(self, prompt_tokens: int, requested: int | None) -> int:
@@ -294,10 +294,17 @@ class LocalEngine(Engine):
             return False  # named otherwise: from_pretrained decides
         if problems:
             raise CheckpointError(f"version {version} does not match its architecture: {problems}")
-        # a copy of the served model, not the served one: requests in flight finish on the weights they started with
-        # (the copy has the served model's names, shapes and ties, so the check above holds for it)
-        model = copy.deepcopy(served)
-        _assign(model.state_dict(), tensors)
+        # not the served model: requests in flight finish on the weights they started with. A replaced version's
+        # model that nothing uses any more is overwritten (no allocation); else a copy of the served one (either has
+        # the served model's names, shapes and ties, so the check above holds for it)
+        spare = self.scheduler.take_spare()
+        if spare is not None and not weight_mismatch(spare.state_dict(), tensors):
+            with self._score_lock:  # a scoring pass that began on it before it was replaced finishes first
+                _assign(spare.state_dict(), tensors)
+            model = spare
+        else:
+            model = copy.deepcopy(served)
+            _assign(model.state_dict(), tensors)
         self.scheduler.install(ServingModel(model, version))
         return True
 

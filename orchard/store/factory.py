@@ -22,7 +22,7 @@ def open_store(config: LocalStoreConfig | S3StoreConfig) -> ArtifactStore:
         case S3StoreConfig():
             store = S3Store(config)
         case LocalStoreConfig():
-            store = LocalStore(config.path)
+            store = LocalStore(config.path, fsync=config.fsync == "always")
         case _:
             raise TypeError(f"unknown store config {type(config).__name__}")
     try:

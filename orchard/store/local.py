@@ -3,6 +3,10 @@
 Writes go to a temporary file in the target's directory, are fsynced and then renamed over the target, so a
 reader (another process on the machine) sees either the old object or the complete new one, and a crash leaves
 at worst a temporary file that listings skip. Directories emptied by deletes are removed, as S3 has none.
+
+With ``fsync="never"`` (``LocalStoreConfig.fsync``) the writes are just as atomic but flushing is left to the OS, as
+the embedded bus's default does: everything survives a killed process, not a lost machine. On a busy virtual disk
+an fsync took ~2.6 ms, and a policy version takes four or five.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from orchard.store.exceptions import ArtifactNotFoundError, StoreError
 class LocalStore(ArtifactStore):
     """An ``ArtifactStore`` in a local directory, shared safely by the processes of one machine."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self._root = Path(root).absolute()
+        self._fsync = fsync
 
     @property
     def root(self) -> Path:
@@ -62,7 +67,7 @@ class LocalStore(ArtifactStore):
         except OSError as exc:  # e.g. a parent is a file: 'a' exists and 'a/b' is being written
             raise StoreError(f"cannot store {key!r} in {self.location}: {exc}") from exc
         # ``length`` needs no check here: the HashingReader raises on a short source, before the rename.
-        atomic_write(path, iter_chunks(source, CHUNK_SIZE))
+        atomic_write(path, iter_chunks(source, CHUNK_SIZE), durable=self._fsync)
 
     def _copy(self, src: str, dst: str) -> None:
         # A hard link: no bytes written, and the source's data is durable already; the new entry is once ``sync``
@@ -81,6 +86,8 @@ class LocalStore(ArtifactStore):
             super()._copy(src, dst)
 
     def _sync(self, prefix: str) -> None:
+        if not self._fsync:
+            return
         directory = self._path(prefix.rpartition("/")[0]) if "/" in prefix else self._root
         fsync_directory(directory)
 

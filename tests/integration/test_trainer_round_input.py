@@ -6,7 +6,8 @@
 - a trainer stopped between rounds and started again skips the rounds it trained and continues with the next;
 - a sample that arrives after its round was announced is trained with the next round, not lost;
 - with ``epochs: 2`` each round's samples are trained twice, in the same order, before its one version;
-- rows of one sample (``row_tokens: 1``) train the same steps to the same weights (within float rounding).
+- rows of one sample (``row_tokens: 1``, or ``layout: padded``) train the same steps to the same weights (within
+  float rounding).
 """
 
 from __future__ import annotations
@@ -231,13 +232,20 @@ def test_two_epochs_train_each_rounds_samples_twice_in_the_same_order_before_its
     assert tagged == [(1, 0.0, 6), (2, 1.0, 12)]
 
 
-def test_rows_of_one_sample_train_the_same_steps_to_the_same_weights_as_one_packed_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", [{"row_tokens": 1}, {"layout": "padded"}], ids=["rows-of-one", "padded"])
+def test_rows_of_one_sample_train_the_same_steps_to_the_same_weights_as_one_packed_row(
+    tmp_path: Path, layout: dict[str, Any]
+) -> None:
     packed = _run_rounds(tmp_path / "packed", [_round_samples(0), _round_samples(1)], shuffle=False)
-    single = _run_rounds(tmp_path / "single", [_round_samples(0), _round_samples(1)], shuffle=False, row_tokens=1)
+    single = _run_rounds(tmp_path / "single", [_round_samples(0), _round_samples(1)], shuffle=False, **layout)
 
     assert single.batches == packed.batches
     assert [len(row) for row in packed.rows] == [4, 4, 2] * 2  # 160 tokens a row: a step of 4 samples in one
-    assert single.rows == [[sample] for step in packed.batches for sample in step]
+    if "row_tokens" in layout:
+        assert single.rows == [[sample] for step in packed.batches for sample in step]
+    else:  # padded batches of several samples (one row each), every sample trained once
+        assert max(len(rows) for rows in single.rows) >= 2
+        assert sorted(s for rows in single.rows for s in rows) == sorted(s for step in packed.batches for s in step)
     a, b = _weights(tmp_path / "packed"), _weights(tmp_path / "single")
     for name in a:  # the same gradients, summed in another order (6 AdamW steps of lr 1e-3 move weights ~6e-3)
         torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4)

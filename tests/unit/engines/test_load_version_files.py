@@ -1,10 +1,13 @@
-"""The local engine loading a version from memory: the weights copied into a copy of the served model; what it
-leaves to a directory (another config, tensors named otherwise) and what it refuses."""
+"""The local engine loading a version from memory: the weights copied into a copy of the served model, or into a
+replaced version's model that nothing uses any more; what it leaves to a directory (another config, tensors named
+otherwise) and what it refuses."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,9 +15,12 @@ from safetensors.torch import load_file, save, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import orchard.engines.local as local
+from orchard.engines.batching import BatchScheduler, ServingModel
 from orchard.engines.exceptions import CheckpointError
 from orchard.engines.local import LocalEngine, copy_weights
 from orchard.engines.tiny import ensure_tiny_checkpoint
+
+TINY = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +152,43 @@ def test_a_mixture_of_experts_version_whose_names_transformers_converts_loads_fr
     served = engine.scheduler.serving.model.state_dict()
     assert engine.policy_version == 1
     assert all(torch.equal(served[name], tensor) for name, tensor in reference.state_dict().items())
+
+
+def test_a_replaced_version_that_nothing_uses_any_more_is_overwritten_by_a_later_one(
+    engine: LocalEngine, checkpoint: Path
+) -> None:
+    original = engine.scheduler.serving.model
+    engine.start()
+    try:
+        assert engine.load_version_files(version_files(checkpoint, shifted(checkpoint)), 1)
+        first = engine.scheduler.serving.model
+        deadline = time.monotonic() + 10  # the worker switches to v1 between two steps; v0 is then drained
+        while engine.scheduler._spare is None and time.monotonic() < deadline:  # noqa: SLF001 - what is kept
+            time.sleep(0.01)
+        newer = {name: tensor + 0.02 for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+        assert engine.load_version_files(version_files(checkpoint, newer), 2)
+
+        served = engine.scheduler.serving.model
+        assert served is original  # v0's model, overwritten: no copy allocated
+        assert all(torch.equal(served.state_dict()[name], tensor) for name, tensor in newer.items())
+        shifted_once = shifted(checkpoint)  # v1, which requests may still be using, is untouched
+        assert all(torch.equal(first.state_dict()[name], tensor) for name, tensor in shifted_once.items())
+    finally:
+        engine.close()
+
+
+def test_a_version_some_cohort_still_steps_on_is_not_handed_out_as_a_spare() -> None:
+    scheduler = BatchScheduler(ServingModel(LlamaForCausalLM(TINY), 0), tokenizer=None, eos_token_ids=[2],  # type: ignore[arg-type]
+                               pad_token_id=0, max_batch_size=4, max_queue=4)  # fmt: skip
+    old = scheduler.serving
+    scheduler.install(ServingModel(LlamaForCausalLM(TINY), 1))
+    scheduler._switch_version()  # noqa: SLF001 - the worker's step, without a thread
+    busy = SimpleNamespace(serving=old, running=[object()], joining=[])
+    scheduler._cohorts = [busy]  # type: ignore[list-item]  # noqa: SLF001
+    scheduler._keep_drained()  # noqa: SLF001
+    assert scheduler.take_spare() is None  # a request still generates on v0
+
+    scheduler._cohorts = []  # noqa: SLF001 - its last sequence finished
+    scheduler._keep_drained()  # noqa: SLF001
+    assert scheduler.take_spare() is old.model
+    assert scheduler.take_spare() is None  # handed out once

@@ -316,3 +316,25 @@ def test_where_hard_links_fail_a_copy_writes_the_bytes(store: LocalStore, monkey
     assert store.get_bytes("b/x") == b"payload"
     assert (store.root / "b" / "x").stat().st_nlink == 1
     assert [p.name for p in (store.root / "b").iterdir()] == ["x"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("setting", ["always", "never"])
+def test_fsync_never_publishes_the_same_version_without_a_single_fsync(
+    setting: str, tmp_path: Path, source: Callable[[str, bytes], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    with open_store(LocalStoreConfig(path=tmp_path / "s", fsync=setting)) as store:  # type: ignore[arg-type]
+        files = {"tokenizer.json": source("t", b"{}"), "w": source("w", b"weights")}
+        first = store.publish_version("policy", 1, files, {})
+        store.publish_version("policy", 2, files, {}, base=first)
+
+        assert store.read_manifest("policy", 2).files == first.files
+        assert store.get_bytes("policy/v0000000002/w") == b"weights"
+    assert (len(synced) > 0) == (setting == "always")
+
+
+def test_an_unknown_fsync_setting_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="fsync"):
+        LocalStoreConfig(path=tmp_path, fsync="sometimes")  # type: ignore[arg-type]

@@ -1,11 +1,12 @@
-"""Packing samples into token-budget rows: same loss and gradients as one sample at a time, no padding waste."""
+"""Micro-batches of a step, packed into rows or padded one sample per row: the same loss and gradients as one sample
+at a time; packing wastes no position."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trainers.batching import pack_row, pack_step, padding_waste, plan_rows, sample_from_record
+from trainers.batching import pack_row, pack_step, pad_rows, padding_waste, plan_padded, plan_rows, sample_from_record
 from trainers.config import TinyModelSource
 from trainers.exceptions import InvalidSampleError
 from trainers.losses import packed_loss, token_logprobs
@@ -15,7 +16,8 @@ from trainers.synthetic import synthetic_sample, synthetic_stream
 TINY_VOCAB = 420
 
 
-def test_packing_gives_the_same_loss_and_gradients_as_unpacked_per_sample_computation() -> None:
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_a_step_gives_the_same_loss_and_gradients_as_per_sample_computation(layout: str) -> None:
     model = load_policy_model(TinyModelSource(name="tiny-llama-micro", seed=3)).train()
     records = synthetic_stream(5, kinds=("RL", "SFT"), vocab_size=TINY_VOCAB, lengths=(17, 40, 25, 33, 9))
     samples = [sample_from_record(r) for r in records]
@@ -31,14 +33,36 @@ def test_packing_gives_the_same_loss_and_gradients_as_unpacked_per_sample_comput
             total += out.loss.detach().double()
         return float(total), [p.grad.clone() for p in model.parameters()]
 
-    packed = pack_step(samples, batch_tokens=80)
+    batched = pack_step(samples, batch_tokens=80, layout=layout)  # type: ignore[arg-type]
     one_by_one = [pack_row([s]) for s in samples]
-    assert len(packed) < len(one_by_one) and max(len(b.sample_ids) for b in packed) >= 2
-    packed_loss_value, packed_grads = loss_and_grads(packed)
+    assert len(batched) < len(one_by_one) and max(len(b.sample_ids) for b in batched) >= 2
+    assert layout == "packed" or max(b.input_ids.shape[0] for b in batched) >= 2
+    batched_loss_value, batched_grads = loss_and_grads(batched)
     single_loss_value, single_grads = loss_and_grads(one_by_one)
-    assert packed_loss_value == pytest.approx(single_loss_value, rel=1e-5)
-    for a, b in zip(packed_grads, single_grads, strict=True):
+    assert batched_loss_value == pytest.approx(single_loss_value, rel=1e-5)
+    for a, b in zip(batched_grads, single_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_padded_batches_count_the_padding_against_the_budget_longest_first() -> None:
+    batches = plan_padded([50, 30, 70, 20, 130, 10], budget=100)
+    assert batches == [[4], [2], [0, 1], [3, 5]]  # 130 alone (over budget) | 70 (70 + 70 > 100) | 2 x 50 | 2 x 20
+    lengths = [50, 30, 70, 20, 130, 10]
+    assert all(len(b) * lengths[b[0]] <= 100 for b in batches if len(b) > 1)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+
+
+def test_a_padded_batch_has_one_row_per_sample_positions_running_through_the_padding() -> None:
+    a = sample_from_record(synthetic_sample(0, kind="SFT", vocab_size=TINY_VOCAB, length=4))
+    b = sample_from_record(synthetic_sample(1, kind="RL", vocab_size=TINY_VOCAB, length=3))
+    batch = pad_rows([a, b], pad_token_id=0, pad_to_multiple=1)
+    assert batch.input_ids.shape == (2, 4)
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert batch.targets[1, :2].tolist() == b.token_ids[1:].tolist()
+    assert batch.loss_mask[1].tolist() == [*b.loss_mask[1:].tolist(), 0, 0]
+    assert batch.is_rl.tolist() == [[False] * 4, [True, True, False, False]]
+    assert (batch.num_tokens, batch.padded_tokens) == (7, 1)
+    assert padding_waste([batch]) == 1 / 8
 
 
 def test_rows_respect_the_budget_and_an_oversized_sample_gets_its_own_row() -> None:

@@ -59,3 +59,9 @@ def test_rows_default_to_the_micro_batch_budget_and_row_tokens_zero_is_refused_b
     assert load_trainer_config(None, ["batch_tokens=2048", "row_tokens=1"]).packed_row_tokens == 1
     with pytest.raises(ConfigError, match="row_tokens"):
         load_trainer_config(None, ["row_tokens=0"])
+
+
+def test_row_tokens_with_the_padded_layout_is_refused_by_name() -> None:
+    assert load_trainer_config(None, ["layout=padded"]).layout == "padded"
+    with pytest.raises(ConfigError, match="row_tokens"):
+        load_trainer_config(None, ["layout=padded", "row_tokens=1"])
