@@ -79,7 +79,8 @@ class WeightPublisher:
     def _tokenizer(self) -> dict[str, Path]:
         if self.tokenizer is None:
             return {}
-        if self._tokenizer_files is None:
+        files = self._tokenizer_files
+        if files is None or not all(path.is_file() for path in files.values()):  # first use, or cleaned away
             directory = self.scratch / "tokenizer"
             shutil.rmtree(directory, ignore_errors=True)  # an earlier process's, maybe half written
             self.tokenizer.save_pretrained(directory)

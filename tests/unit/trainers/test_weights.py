@@ -4,6 +4,7 @@ record's sha256 that of the manifest stored, and a version already stored announ
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,15 @@ def test_a_restarted_publisher_reads_the_previous_manifest_and_announces_a_store
         == store.read_manifest(first.name, 2).file("config.json").sha256
     )
     assert [(r["version"], r["trainer_step"]) for r in _records(tmp_path / "bus")] == [(1, 5), (2, 9), (2, 9), (3, 12)]
+
+
+def test_a_tokenizer_whose_saved_files_were_cleaned_away_is_saved_again(tmp_path: Path, store: ArtifactStore) -> None:
+    publisher = WeightPublisher(store, _exporter([]), build_tiny_tokenizer(), scratch=tmp_path / "scratch",
+                                run_id="r", model=MODEL, codec=Codec.default())  # fmt: skip
+    with open_bus(EmbeddedBusConfig(path=tmp_path / "bus")) as bus, bus.producer() as producer:
+        bus.create_topic(POLICY_VERSIONS, 1, exist_ok=True)
+        publisher.publish(producer, version=1, step=1, metrics={})
+        shutil.rmtree(tmp_path / "scratch")
+        publisher.publish(producer, version=2, step=2, metrics={})
+
+    assert "tokenizer.json" in {f.path for f in store.read_manifest(publisher.name, 2).files}
