@@ -122,7 +122,7 @@ def test_setup_writes_the_validation_split_when_asked(tmp_path: Path) -> None:
     assert not (tmp_path / "none" / "validation").exists()
 
 
-def test_the_budget_overlay_caps_the_sft_steps_halves_the_rl_rounds_and_the_dense_lr_and_changes_nothing_else() -> None:
+def test_the_budget_overlay_caps_the_sft_steps_and_the_rl_rounds_halves_the_dense_lr_and_changes_nothing_else() -> None:
     from orchard.run.config import load_run_config
 
     folder = Path(__file__).resolve().parents[3] / "recipes" / "file_lookup"
@@ -131,7 +131,7 @@ def test_the_budget_overlay_caps_the_sft_steps_halves_the_rl_rounds_and_the_dens
 
     assert "max_steps=300" in budget.components["trainer"].set
     assert "max_steps=400" in budget.components["trainer-credit"].set
-    assert (shipped.components["rollout-rl"].rounds, budget.components["rollout-rl"].rounds) == (32, 16)
+    assert (shipped.components["rollout-rl"].rounds, budget.components["rollout-rl"].rounds) == (32, 8)
     assert "lr=5e-5" in budget.components["trainer-dense"].set and "lr=1e-4" in budget.components["trainer-rl"].set
     changed = {name for name in shipped.components if shipped.components[name] != budget.components[name]}
     assert changed == {"trainer", "trainer-credit", "rollout-rl", "trainer-dense"}
