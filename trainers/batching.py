@@ -162,14 +162,15 @@ def plan_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return [sorted(row) for row in rows]
 
 
-def plan_padded(lengths: Sequence[int], budget: int) -> list[list[int]]:
+def plan_padded(lengths: Sequence[int], budget: int, pad_to_multiple: int = 1) -> list[list[int]]:
     """Longest first: indices of ``lengths`` grouped into padded micro-batches of at most ``budget`` positions
-    (rows times the longest row). Deterministic (ties keep input order); an item longer than ``budget`` gets a batch of
-    its own; each batch lists its indices longest first."""
+    (rows times the longest row, rounded up to ``pad_to_multiple``). Deterministic (ties keep input order); an item
+    longer than ``budget`` gets a batch of its own; each batch lists its indices longest first."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for index in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+        width = -(-lengths[batches[-1][0]] // pad_to_multiple) * pad_to_multiple if batches else 0
+        if batches and (len(batches[-1]) + 1) * width <= budget:
             batches[-1].append(index)
         else:
             batches.append([index])
@@ -258,7 +259,7 @@ def pack_step(
     lengths = [s.num_tokens for s in samples]
     if layout == "padded":
         return [pad_rows([samples[i] for i in batch], pad_token_id, pad_to_multiple)
-                for batch in plan_padded(lengths, batch_tokens)]  # fmt: skip
+                for batch in plan_padded(lengths, batch_tokens, pad_to_multiple)]  # fmt: skip
     rows = plan_rows(lengths, batch_tokens)
     return [pack_row([samples[i] for i in row], pad_token_id, pad_to_multiple) for row in rows]
 

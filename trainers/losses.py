@@ -1,6 +1,6 @@
 """Per-token losses of the policy trainer: credit-assignment SFT, clipped policy gradient, KL to a reference.
 
-Every function works on per-position tensors of a packed row (``trainers.batching``) and ``packed_loss`` sums them,
+Every function works on per-position tensors of a micro-batch (``trainers.batching``) and ``packed_loss`` sums them,
 so a step's loss is the same whichever way its samples were packed.
 
 - **SFT (credit assignment)**: ``-w_t * log p(y_t)``, the weight ``w_t`` from the sample's ``advantages`` field
@@ -83,7 +83,7 @@ def packed_loss(
     kl_coef: float = 0.0,
     reference_logprobs: torch.Tensor | None = None,
 ) -> LossOutput:
-    """The loss of one packed row: SFT or RL per token (by the sample's kind), plus KL, weighted and normalised."""
+    """The loss of one micro-batch: SFT or RL per token (by the sample's kind), plus KL, weighted and normalised."""
     behaviour = torch.where(batch.has_behaviour, batch.behaviour_logprobs, logprobs.detach())
     rl_loss, clipped = policy_gradient_token_loss(logprobs, behaviour, batch.advantages, clip_eps, clip_eps_high)
     per_token = torch.where(batch.is_rl, rl_loss, sft_token_loss(logprobs, batch.advantages))

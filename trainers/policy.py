@@ -111,6 +111,7 @@ class PolicyTrainer:
         self._last_checkpoint_step = 0
         self._last_step_end = time.perf_counter()
         self.backend: TrainingBackend
+        self.publisher: WeightPublisher
         self.reference: torch.nn.Module | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
 
@@ -301,7 +302,7 @@ class PolicyTrainer:
         return own
 
     def _micro_batch(self, batch: PackedBatch, normalizer: float) -> LossOutput:
-        """Forward one packed row, its loss (with the KL to the reference, if any), and backward."""
+        """Forward one micro-batch, its loss (with the KL to the reference, if any), and backward."""
         logits = self.backend.forward(batch.input_ids, batch.position_ids)
         logprobs = token_logprobs(logits, batch.targets)
         del logits

@@ -81,8 +81,9 @@ class WeightPublisher:
             return {}
         files = self._tokenizer_files
         if files is None or not all(path.is_file() for path in files.values()):  # first use, or cleaned away
-            directory = self.scratch / "tokenizer"
-            shutil.rmtree(directory, ignore_errors=True)  # an earlier process's, maybe half written
+            # a directory of this process's own: another trainer on the same run_dir never rewrites it mid-upload
+            self.scratch.mkdir(parents=True, exist_ok=True)
+            directory = Path(tempfile.mkdtemp(prefix="tokenizer-", dir=self.scratch))
             self.tokenizer.save_pretrained(directory)
             self._tokenizer_files = {p.name: p for p in sorted(directory.iterdir()) if p.is_file()}
         return self._tokenizer_files

@@ -274,7 +274,7 @@ class BatchScheduler:
 
     def take_spare(self) -> PreTrainedModel | None:
         """The model of a replaced version that no request uses any more, now the caller's to overwrite (at most
-        one is kept: the newest); None if there is none (thread-safe)."""
+        one is kept: the one drained last); None if there is none (thread-safe)."""
         with self._wake:
             spare, self._spare = self._spare, None
         return spare.model if spare is not None else None
@@ -297,11 +297,13 @@ class BatchScheduler:
                 self._keep_drained()
 
     def _keep_drained(self) -> None:
-        in_use = {id(c.serving) for c in self._cohorts}
+        # by the model, not its wrapper: the same model may be installed again under another version
+        in_use = {id(c.serving.model) for c in self._cohorts}
         with self._wake:
-            drained = [s for s in self._retiring if id(s) not in in_use]
+            in_use |= {id(s.model) for s in (self._current, self._pending) if s is not None}
+            drained = [s for s in self._retiring if id(s.model) not in in_use]
             if drained:
-                self._retiring = [s for s in self._retiring if id(s) in in_use]
+                self._retiring = [s for s in self._retiring if id(s.model) in in_use]
                 self._spare = drained[-1]
 
     def _switch_version(self) -> None:

@@ -275,7 +275,9 @@ class LocalEngine(Engine):
 
     def load_version_files(self, files: Mapping[str, bytes], version: int) -> bool:
         """``load_version`` from memory: a version of one ``model.safetensors`` whose config is the served one's (or
-        absent) and whose tensors are the served model's by name is copied into a copy of the served model, with no
+        absent) and whose tensors are the served model's by name is copied into a replaced version's model that
+        nothing uses any more and that has the served config (``BatchScheduler.take_spare``), else into a copy of the
+        served model, with no
         file written and no model built from a config. False for anything else (sharded weights, another config,
         tensors named otherwise: a missing one, or names transformers converts on load), which ``load_version``
         then builds, and checks, from a directory. ``CheckpointError`` if the version is not newer, its weights do
@@ -298,7 +300,10 @@ class LocalEngine(Engine):
         # model that nothing uses any more is overwritten (no allocation); else a copy of the served one (either has
         # the served model's names, shapes and ties, so the check above holds for it)
         spare = self.scheduler.take_spare()
-        if spare is not None and not weight_mismatch(spare.state_dict(), tensors):
+        # a spare built from another config (a version loaded from a directory only matches the served one on the
+        # architecture's keys) would run the new weights with its own epsilons, rope or ties
+        if (spare is not None and spare.config.to_diff_dict() == served.config.to_diff_dict()
+                and not weight_mismatch(spare.state_dict(), tensors)):  # fmt: skip
             with self._score_lock:  # a scoring pass that began on it before it was replaced finishes first
                 _assign(spare.state_dict(), tensors)
             model = spare

@@ -77,6 +77,8 @@ class LocalStore(ArtifactStore):
             raise ArtifactNotFoundError(f"{src!r} not found in {self.location}")
         temporary = target.parent / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
         try:
+            if self._fsync:  # the source may have been written by a process with fsync: never (cheap if clean)
+                _fsync_file(source)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(source, temporary)
             os.replace(temporary, target)
@@ -145,3 +147,11 @@ class LocalStore(ArtifactStore):
             except OSError:
                 return
             directory = directory.parent
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

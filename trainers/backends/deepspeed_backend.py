@@ -80,7 +80,7 @@ class DeepSpeedBackend:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(config.schedule, config.max_steps))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Logits of a packed row through the engine."""
+        """Logits of a micro-batch (a packed row or padded rows) through the engine."""
         return self.engine(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 
     def backward(self, loss: torch.Tensor) -> None:

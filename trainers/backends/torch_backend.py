@@ -39,7 +39,7 @@ class TorchBackend:
         self._forward: Callable[..., Any] = torch.compile(self.module) if config.compile else self.module
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """Logits of a packed row; under bf16 autocast where configured."""
+        """Logits of a micro-batch (a packed row or padded rows); under bf16 autocast where configured."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
             return self._forward(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 

@@ -192,3 +192,32 @@ def test_a_version_some_cohort_still_steps_on_is_not_handed_out_as_a_spare() -> 
     scheduler._keep_drained()  # noqa: SLF001
     assert scheduler.take_spare() is old.model
     assert scheduler.take_spare() is None  # handed out once
+
+
+def test_a_spare_built_from_another_config_is_not_reused(engine: LocalEngine, checkpoint: Path) -> None:
+    original = engine.scheduler.serving.model
+    engine.start()
+    try:
+        assert engine.load_version_files(version_files(checkpoint, shifted(checkpoint)), 1)
+        deadline = time.monotonic() + 10
+        while engine.scheduler._spare is None and time.monotonic() < deadline:  # noqa: SLF001 - what is kept
+            time.sleep(0.01)
+        original.config.rms_norm_eps = 0.5  # as if loaded from a directory with another epsilon
+        newer = {name: tensor + 0.02 for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+        assert engine.load_version_files(version_files(checkpoint, newer), 2)
+
+        served = engine.scheduler.serving.model
+        assert served is not original and served.config.rms_norm_eps != 0.5
+        assert all(torch.equal(served.state_dict()[name], tensor) for name, tensor in newer.items())
+    finally:
+        engine.close()
+
+
+def test_a_model_installed_again_under_another_version_is_never_a_spare() -> None:
+    scheduler = BatchScheduler(ServingModel(LlamaForCausalLM(TINY), 0), tokenizer=None, eos_token_ids=[2],  # type: ignore[arg-type]
+                               pad_token_id=0, max_batch_size=4, max_queue=4)  # fmt: skip
+    model = scheduler.serving.model
+    scheduler.install(ServingModel(model, 1))  # the same weights, re-wrapped
+    scheduler._switch_version()  # noqa: SLF001 - the worker's step, without a thread
+    scheduler._keep_drained()  # noqa: SLF001
+    assert scheduler.take_spare() is None  # v0's wrapper drained, but its model is served as v1

@@ -50,6 +50,7 @@ def test_padded_batches_count_the_padding_against_the_budget_longest_first() -> 
     lengths = [50, 30, 70, 20, 130, 10]
     assert all(len(b) * lengths[b[0]] <= 100 for b in batches if len(b) > 1)
     assert sorted(i for b in batches for i in b) == list(range(6))
+    assert plan_padded([10] * 8, budget=80, pad_to_multiple=16) == [[0, 1, 2, 3, 4], [5, 6, 7]]  # 5 rows of 16 fit
 
 
 def test_a_padded_batch_has_one_row_per_sample_positions_running_through_the_padding() -> None:
