@@ -154,6 +154,23 @@ def test_a_mixture_of_experts_version_whose_names_transformers_converts_loads_fr
     assert all(torch.equal(served[name], tensor) for name, tensor in reference.state_dict().items())
 
 
+def _wait_for_spare(engine: LocalEngine) -> None:
+    """Until the worker has switched to the newest version between two steps and the one before is drained."""
+    deadline = time.monotonic() + 10
+    while engine.scheduler._spare is None and time.monotonic() < deadline:  # noqa: SLF001 - what is kept
+        time.sleep(0.01)
+
+
+def _shifted_twice(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return {name: tensor + 0.02 for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+
+
+def _scheduler() -> BatchScheduler:
+    """A scheduler with no worker thread, serving a fresh tiny model as version 0."""
+    return BatchScheduler(ServingModel(LlamaForCausalLM(TINY), 0), tokenizer=None, eos_token_ids=[2],  # type: ignore[arg-type]
+                          pad_token_id=0, max_batch_size=4, max_queue=4)  # fmt: skip
+
+
 def test_a_replaced_version_that_nothing_uses_any_more_is_overwritten_by_a_later_one(
     engine: LocalEngine, checkpoint: Path
 ) -> None:
@@ -162,10 +179,8 @@ def test_a_replaced_version_that_nothing_uses_any_more_is_overwritten_by_a_later
     try:
         assert engine.load_version_files(version_files(checkpoint, shifted(checkpoint)), 1)
         first = engine.scheduler.serving.model
-        deadline = time.monotonic() + 10  # the worker switches to v1 between two steps; v0 is then drained
-        while engine.scheduler._spare is None and time.monotonic() < deadline:  # noqa: SLF001 - what is kept
-            time.sleep(0.01)
-        newer = {name: tensor + 0.02 for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+        _wait_for_spare(engine)
+        newer = _shifted_twice(checkpoint)
         assert engine.load_version_files(version_files(checkpoint, newer), 2)
 
         served = engine.scheduler.serving.model
@@ -178,8 +193,7 @@ def test_a_replaced_version_that_nothing_uses_any_more_is_overwritten_by_a_later
 
 
 def test_a_version_some_cohort_still_steps_on_is_not_handed_out_as_a_spare() -> None:
-    scheduler = BatchScheduler(ServingModel(LlamaForCausalLM(TINY), 0), tokenizer=None, eos_token_ids=[2],  # type: ignore[arg-type]
-                               pad_token_id=0, max_batch_size=4, max_queue=4)  # fmt: skip
+    scheduler = _scheduler()
     old = scheduler.serving
     scheduler.install(ServingModel(LlamaForCausalLM(TINY), 1))
     scheduler._switch_version()  # noqa: SLF001 - the worker's step, without a thread
@@ -199,11 +213,9 @@ def test_a_spare_built_from_another_config_is_not_reused(engine: LocalEngine, ch
     engine.start()
     try:
         assert engine.load_version_files(version_files(checkpoint, shifted(checkpoint)), 1)
-        deadline = time.monotonic() + 10
-        while engine.scheduler._spare is None and time.monotonic() < deadline:  # noqa: SLF001 - what is kept
-            time.sleep(0.01)
+        _wait_for_spare(engine)
         original.config.rms_norm_eps = 0.5  # as if loaded from a directory with another epsilon
-        newer = {name: tensor + 0.02 for name, tensor in load_file(checkpoint / "model.safetensors").items()}
+        newer = _shifted_twice(checkpoint)
         assert engine.load_version_files(version_files(checkpoint, newer), 2)
 
         served = engine.scheduler.serving.model
@@ -214,8 +226,7 @@ def test_a_spare_built_from_another_config_is_not_reused(engine: LocalEngine, ch
 
 
 def test_a_model_installed_again_under_another_version_is_never_a_spare() -> None:
-    scheduler = BatchScheduler(ServingModel(LlamaForCausalLM(TINY), 0), tokenizer=None, eos_token_ids=[2],  # type: ignore[arg-type]
-                               pad_token_id=0, max_batch_size=4, max_queue=4)  # fmt: skip
+    scheduler = _scheduler()
     model = scheduler.serving.model
     scheduler.install(ServingModel(model, 1))  # the same weights, re-wrapped
     scheduler._switch_version()  # noqa: SLF001 - the worker's step, without a thread
